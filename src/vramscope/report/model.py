@@ -1,0 +1,289 @@
+"""The Report: one serializable value that every verb produces and every renderer reads.
+
+A Report is plain data (dataclasses of ints, floats, strings, lists and dicts). It knows
+nothing of torch. ``to_dict``/``from_dict`` round-trip it through JSON; unknown keys from a
+newer minor version are kept in ``extra`` so nothing is lost on re-save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vramscope.errors import VramscopeError
+
+SCHEMA = "vramscope.report/1"
+
+CATEGORY_NAMES = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "other",
+)
+PHASE_NAMES = ("forward", "backward", "optimizer", "zero_grad", "data", "other")
+
+
+@dataclass
+class Peak:
+    """The maximum over every step of the run, the first step included."""
+
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    device_used_bytes: int | None = None  # what nvidia-smi shows for this process
+    host_rss_bytes: int | None = None  # the process tree: DataLoader workers count
+    step: int | None = None  # step whose allocated peak this is
+    phase: str | None = None  # phase of that step
+
+
+@dataclass
+class Categories:
+    """Bytes by kind of tensor at one moment, sized as the allocator rounds them."""
+
+    parameters: int | None = None
+    buffers: int | None = None
+    gradients: int | None = None
+    optimizer_state: int | None = None
+    activations: int | None = None
+    temporaries: int | None = None
+    other: int | None = None
+
+    def total(self) -> int:
+        return sum(getattr(self, name) or 0 for name in CATEGORY_NAMES)
+
+
+@dataclass
+class PhaseStats:
+    """One phase: a single occurrence inside a step, or aggregated over the run."""
+
+    name: str
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    start_allocated_bytes: int | None = None
+    end_allocated_bytes: int | None = None
+    duration_s: float = 0.0
+    count: int = 1  # occurrences aggregated (micro-batches, steps)
+    step: int | None = None  # for the run-level list: the step with the highest peak
+
+
+@dataclass
+class StepStats:
+    index: int
+    epoch: int = 0
+    mode: str = "train"  # "train" (a backward ran) or "eval"
+    micro_batches: int = 0
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    start_allocated_bytes: int | None = None  # allocated at the step boundary
+    end_allocated_bytes: int | None = None
+    host_rss_bytes: int | None = None
+    duration_s: float = 0.0
+    start_s: float = 0.0  # seconds since the session began
+    phases: list[PhaseStats] = field(default_factory=list)
+
+
+@dataclass
+class EpochStats:
+    index: int
+    steps: int = 0
+    first_step: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    end_allocated_bytes: int | None = None
+    host_rss_bytes: int | None = None
+    duration_s: float = 0.0
+
+
+@dataclass
+class Startup:
+    """What exists before the first step: context, libraries, model and optimizer."""
+
+    context_and_libraries_bytes: int | None = None
+    after_build_allocated_bytes: int | None = None  # model and optimizer created
+    after_build_reserved_bytes: int | None = None
+    host_rss_bytes: int | None = None
+
+
+@dataclass
+class AllocatorSlack:
+    """reserved − allocated, split by why the allocator holds it."""
+
+    cached_free_bytes: int | None = None  # whole free segments: empty_cache() would release
+    fragmentation_bytes: int | None = None  # free pieces of split segments (inactive_split)
+    rounding_bytes: int | None = None  # inside allocated: block sizes − requested sizes
+
+
+@dataclass
+class Reconciliation:
+    """tensors → allocated → reserved → device used → device total, at one moment."""
+
+    moment: str = "end"  # "peak" or "end"
+    tensors: Categories = field(default_factory=Categories)
+    requested_bytes: int | None = None
+    allocated_bytes: int | None = None
+    slack: AllocatorSlack = field(default_factory=AllocatorSlack)
+    reserved_bytes: int | None = None
+    context_and_libraries_bytes: int | None = None  # device_used − reserved
+    device_used_bytes: int | None = None
+    other_processes_bytes: int | None = None
+    free_bytes: int | None = None
+    unaccounted_bytes: int | None = None  # driver-reserved memory NVML reports as neither
+    total_bytes: int | None = None
+    note: str | None = None
+
+
+@dataclass
+class Finding:
+    kind: str  # leak, empty_cache, fragmentation, retries, first_step, oom, ...
+    severity: str  # info | warning | error
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Timeline:
+    """Samples from the background sampler, bounded; each peak is kept when thinned."""
+
+    interval_s: float | None = None
+    t: list[float] = field(default_factory=list)
+    allocated_bytes: list[int | None] = field(default_factory=list)
+    reserved_bytes: list[int | None] = field(default_factory=list)
+    device_used_bytes: list[int | None] = field(default_factory=list)
+    host_rss_bytes: list[int | None] = field(default_factory=list)
+    # [{"name": phase, "step": i, "start_s": t0, "end_s": t1}] — phase bands
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    # [{"kind": "step"|"epoch", "index": i, "t": seconds}]
+    markers: list[dict[str, Any]] = field(default_factory=list)
+    dropped_phase_bands: int = 0
+
+
+@dataclass
+class OomInfo:
+    phase: str | None = None
+    step: int | None = None
+    module: str | None = None
+    message: str = ""
+    requested_bytes: int | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    fragmentation_bytes: int | None = None
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    other_processes_bytes: int | None = None
+    largest_blocks: list[dict[str, Any]] = field(default_factory=list)
+    largest_free_block_bytes: int | None = None
+
+
+@dataclass
+class ExitInfo:
+    status: str = "ok"  # ok | error | interrupted | oom
+    code: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Report:
+    schema: str = SCHEMA
+    kind: str = "measured"  # measured | estimated
+    vramscope_version: str = ""
+    created_at: str = ""
+    workload: dict[str, Any] = field(default_factory=dict)
+    device: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)
+    peak: Peak = field(default_factory=Peak)
+    categories_at_peak: Categories = field(default_factory=Categories)
+    categories_note: str | None = None
+    startup: Startup = field(default_factory=Startup)
+    phases: list[PhaseStats] = field(default_factory=list)
+    steps: list[StepStats] = field(default_factory=list)
+    epochs: list[EpochStats] = field(default_factory=list)
+    modules: list[dict[str, Any]] = field(default_factory=list)
+    reconciliation: list[Reconciliation] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    timeline: Timeline = field(default_factory=Timeline)
+    oom: OomInfo | None = None
+    exit: ExitInfo = field(default_factory=ExitInfo)
+    unavailable: dict[str, str] = field(default_factory=dict)  # field → why it is null
+    extra: dict[str, Any] = field(default_factory=dict)  # sections added by later features
+
+    # ---- serialization -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        extra = data.pop("extra")
+        for key, value in extra.items():
+            data.setdefault(key, value)
+        return data
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def save(self, path: str | Path) -> Path:
+        target = Path(path)
+        target.write_text(self.to_json() + "\n", encoding="utf-8")
+        return target
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        schema = data.get("schema")
+        if not isinstance(schema, str) or not schema.startswith("vramscope.report/"):
+            raise VramscopeError("not a vramscope report: the 'schema' key is missing or wrong")
+        major = schema.rsplit("/", 1)[-1].split(".")[0]
+        if major != SCHEMA.rsplit("/", 1)[-1]:
+            raise VramscopeError(
+                f"report schema {schema} is not readable by this vramscope (reads {SCHEMA}.x); "
+                "upgrade vramscope"
+            )
+        return _build(cls, data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        source = Path(path)
+        if not source.is_file():
+            raise VramscopeError(f"no such report file: {source}")
+        try:
+            data = json.loads(source.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise VramscopeError(f"{source} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise VramscopeError(f"{source} is not a vramscope report")
+        return cls.from_dict(data)
+
+
+def _build(cls: type, data: Any) -> Any:
+    """Build dataclass ``cls`` from a dict, recursively; unknown keys go to ``extra``."""
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        if key not in names:
+            extra[key] = value
+            continue
+        kwargs[key] = _convert(hints[key], value)
+    if "extra" in names:
+        kwargs.setdefault("extra", {}).update(extra)
+    return cls(**kwargs)
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            if arg is type(None):
+                continue
+            return _convert(arg, value)
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return [_convert(item, v) for v in value]
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return _build(hint, value)
+    return value
