@@ -40,7 +40,7 @@ def parse_size(text: str | int) -> int:
             f"cannot read {text!r} as a size; write it like 24GiB, 80GB, 512MiB or 1073741824"
         )
     value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    return int(round(value))
+    return round(value)
 
 
 def parse_percent(text: str | float) -> float:

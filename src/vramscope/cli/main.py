@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("vramscope: interrupted", err=True)
         sys.exit(130)
     except click.UsageError as exc:
-        hint = f" (see 'vramscope {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else ""
+        hint = (
+            f" (see 'vramscope {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else ""
+        )
         if exc.ctx and exc.ctx.parent is None:
             hint = " (see 'vramscope --help')"
         click.echo(f"vramscope: error: {exc.format_message()}{hint}", err=True)

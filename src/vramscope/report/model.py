@@ -133,8 +133,9 @@ class Reconciliation:
     context_and_libraries_bytes: int | None = None  # device_used − reserved
     device_used_bytes: int | None = None
     other_processes_bytes: int | None = None
+    driver_reserved_bytes: int | None = None  # NVML v2: memory the driver keeps for itself
+    unaccounted_bytes: int | None = None  # used on the device, listed for no process
     free_bytes: int | None = None
-    unaccounted_bytes: int | None = None  # driver-reserved memory NVML reports as neither
     total_bytes: int | None = None
     note: str | None = None
 

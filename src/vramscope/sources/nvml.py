@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 try:
     import pynvml  # provided by the nvidia-ml-py package
 except ImportError:  # pragma: no cover - a hard dependency, but never crash on it
     pynvml = None
+
+# Every exception an NVML call can raise: NVMLError and its subclasses, and the
+# NVMLLibraryMismatchError that unversioned wrappers raise (it is not an NVMLError) when
+# nvidia-ml-py is newer than the driver's libnvidia-ml.
+NVML_ERRORS: tuple[type[BaseException], ...] = (
+    (pynvml.NVMLError, getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError))
+    if pynvml is not None
+    else ()
+)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"initialized": False, "reason": None}
@@ -47,6 +58,71 @@ def _describe(exc: BaseException) -> str:
         return exc.__class__.__name__
 
 
+def explain(exc: BaseException) -> str:
+    """Why a reading is missing, in a phrase a user can act on."""
+    if pynvml is None:
+        return _describe(exc)
+    if _is_missing_function(exc):
+        return (
+            f"not in this driver's NVML (nvidia-ml-py {binding_version() or '?'} is newer "
+            "than the driver)"
+        )
+    if isinstance(exc, AttributeError):
+        return f"not in nvidia-ml-py {binding_version() or '?'} (upgrade it)"
+    if isinstance(exc, getattr(pynvml, "NVMLError_NotSupported", ())):
+        return "not supported on this device"
+    if isinstance(exc, getattr(pynvml, "NVMLError_NoPermission", ())):
+        return "no permission to read it"
+    if isinstance(exc, getattr(pynvml, "NVMLError_GpuIsLost", ())):
+        return "the GPU is lost (fell off the bus); the driver needs a reset"
+    return _describe(exc)
+
+
+def binding_version() -> str | None:
+    """The installed nvidia-ml-py version."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("nvidia-ml-py")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _first(*calls: tuple[str, tuple[Any, ...]]) -> Any:
+    """Call the first NVML function (by name) that this binding and driver both have.
+
+    Newer functions come first; a function missing from the binding (AttributeError) or
+    from the driver (FunctionNotFound, LibraryMismatch) falls through to the next. Any
+    other NVML error is raised: the reading exists but failed.
+    """
+    missing: BaseException | None = None
+    for name, args in calls:
+        fn: Callable[..., Any] | None = getattr(pynvml, name, None)
+        if fn is None:
+            missing = missing or AttributeError(name)
+            continue
+        try:
+            return fn(*args)
+        except NVML_ERRORS as exc:
+            if _is_missing_function(exc):
+                missing = exc
+                continue
+            raise
+    assert missing is not None
+    raise missing
+
+
+def _is_missing_function(exc: BaseException) -> bool:
+    if pynvml is None:
+        return False
+    kinds = tuple(
+        getattr(pynvml, name)
+        for name in ("NVMLLibraryMismatchError", "NVMLError_FunctionNotFound")
+        if hasattr(pynvml, name)
+    )
+    return isinstance(exc, kinds)
+
+
 def unavailable_reason() -> str | None:
     """Why NVML cannot be used here, or None when it can."""
     return None if _init() else str(_state["reason"])
@@ -59,6 +135,21 @@ def driver_version() -> str | None:
         return _text(pynvml.nvmlSystemGetDriverVersion())
     except pynvml.NVMLError:
         return None
+
+
+def cuda_driver_version() -> str | None:
+    """The newest CUDA the driver supports, like ``"12.8"`` (nvidia-smi's "CUDA Version")."""
+    if not _init():
+        return None
+    try:
+        value = int(
+            _first(
+                ("nvmlSystemGetCudaDriverVersion_v2", ()), ("nvmlSystemGetCudaDriverVersion", ())
+            )
+        )
+    except (*NVML_ERRORS, AttributeError):
+        return None
+    return f"{value // 1000}.{value % 1000 // 10}"
 
 
 def _text(value: str | bytes) -> str:
@@ -106,20 +197,28 @@ class NvmlDevice:
         return DeviceMemory(info.total, info.used, info.free, 0)
 
     def processes(self) -> list[GpuProcess]:
-        """Compute and graphics processes with their device memory."""
+        """Compute and graphics processes with their device memory.
+
+        The versioned calls are tried newest first, so a driver older than nvidia-ml-py
+        still lists its processes; a list the driver cannot give is skipped.
+        """
         found: dict[int, GpuProcess] = {}
-        for query in (
-            pynvml.nvmlDeviceGetComputeRunningProcesses,
-            pynvml.nvmlDeviceGetGraphicsRunningProcesses,
-        ):
+        for kind in ("Compute", "Graphics"):
+            base = f"nvmlDeviceGet{kind}RunningProcesses"
             try:
-                entries = query(self._handle)
-            except pynvml.NVMLError:
+                entries = _first(
+                    (f"{base}_v3", (self._handle,)),
+                    (f"{base}_v2", (self._handle,)),
+                    (base, (self._handle,)),
+                )
+            except (*NVML_ERRORS, AttributeError):
                 continue
             for entry in entries:
                 used = entry.usedGpuMemory
-                if used is None or used >= 2**63 - 1 or used == getattr(
-                    pynvml, "NVML_VALUE_NOT_AVAILABLE", -1
+                if (
+                    used is None
+                    or used >= 2**63 - 1
+                    or used == getattr(pynvml, "NVML_VALUE_NOT_AVAILABLE", -1)
                 ):
                     used = None
                 found.setdefault(entry.pid, GpuProcess(entry.pid, used))
@@ -137,9 +236,76 @@ class NvmlDevice:
         for proc in procs:
             if proc.pid == own:
                 return proc.used_bytes
-        if pid is None and len(procs) == 1 and os.environ.get("VRAMSCOPE_NVML_SINGLE_PROCESS") != "0":
+        if (
+            pid is None
+            and len(procs) == 1
+            and os.environ.get("VRAMSCOPE_NVML_SINGLE_PROCESS") != "0"
+        ):
             return procs[0].used_bytes
         return None
+
+    # Readings below raise an NVML error (or AttributeError for a binding too old) when
+    # the device cannot give them; ``explain(exc)`` turns that into a reason.
+
+    def memory_info_version(self) -> int:
+        """2 when memory() reads NVML's v2 memory info, 1 after falling back to v1."""
+        return 2 if self._v2 else 1
+
+    def temperature_c(self) -> int:
+        sensor = getattr(pynvml, "NVML_TEMPERATURE_GPU", 0)
+        return int(
+            _first(
+                ("nvmlDeviceGetTemperatureV", (self._handle, sensor)),
+                ("nvmlDeviceGetTemperature", (self._handle, sensor)),
+            )
+        )
+
+    def power_draw_watts(self) -> float:
+        return pynvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+
+    def power_limit_watts(self) -> float:
+        return (
+            _first(
+                ("nvmlDeviceGetEnforcedPowerLimit", (self._handle,)),
+                ("nvmlDeviceGetPowerManagementLimit", (self._handle,)),
+            )
+            / 1000.0
+        )
+
+    def utilization_percent(self) -> tuple[int, int]:
+        """(GPU, memory-controller) utilization over the driver's last sample period."""
+        rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
+        return int(rates.gpu), int(rates.memory)
+
+    def compute_capability(self) -> str:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(self._handle)
+        return f"{major}.{minor}"
+
+    def pci_bus_id(self) -> str:
+        return _text(pynvml.nvmlDeviceGetPciInfo(self._handle).busId)
+
+    def mig_enabled(self) -> bool:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(self._handle)
+        return current == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1)
+
+    def addressing_mode(self) -> str | None:
+        """``"HMM"`` or ``"ATS"`` when the GPU can address host memory (ATS: Grace Hopper)."""
+        mode = pynvml.nvmlDeviceGetAddressingMode(self._handle)
+        return {
+            getattr(pynvml, "NVML_DEVICE_ADDRESSING_MODE_HMM", 1): "HMM",
+            getattr(pynvml, "NVML_DEVICE_ADDRESSING_MODE_ATS", 2): "ATS",
+        }.get(mode)
+
+    def mig_devices(self) -> list[NvmlDevice]:
+        """The MIG instances of this GPU (empty when MIG is off); index is the slot."""
+        found = []
+        for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(self._handle))):
+            try:
+                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(self._handle, slot)
+            except NVML_ERRORS:  # an empty slot
+                continue
+            found.append(NvmlDevice(slot, handle))
+        return found
 
 
 def device_count() -> int:

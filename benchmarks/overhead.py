@@ -1,0 +1,190 @@
+"""Step-time overhead of vramscope's default tracking, against an untracked baseline.
+
+Each workload runs in this one process: after warm-up, blocks of steps alternate between
+baseline and tracked (order flipped every round), each block timed with the device
+synchronized at its edges; the overhead is the ratio of the median per-step times.
+Also prints the cost of one allocator read, vramscope's way and torch.cuda's.
+
+Usage: python benchmarks/overhead.py [--quick] [--out results.json] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import vramscope
+from vramscope.sources import allocator, nvml
+from vramscope.workload import StepRunner, Workload
+from vramscope.zoo import hf_builder, torchvision_builder
+
+
+def mlp(batch_size: int, device: torch.device) -> Workload:
+    layers: list[torch.nn.Module] = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(4096, 4096), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(4096, 1000)).to(device)
+
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(batch_size, 4096, device=device), torch.randint(
+            0, 1000, (batch_size,), device=device
+        )
+
+    def loss(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(m(x), y)
+
+    return Workload(
+        model=model, optimizer=torch.optim.AdamW(model.parameters()), batch=batch, loss=loss
+    )
+
+
+def with_precision(builder: Callable, precision: str) -> Callable:
+    def build(batch_size: int, device: torch.device) -> Workload:
+        w = builder(batch_size, device)
+        w.precision = precision
+        return w
+
+    return build
+
+
+# name → (builder, batch size)
+WORKLOADS: dict[str, tuple[Callable, int]] = {
+    "mlp-4096x8": (mlp, 2048),
+    "resnet50-fp32": (torchvision_builder("resnet50@sgdm"), 128),
+    "resnet50-bf16-mixed": (
+        with_precision(torchvision_builder("resnet50@sgdm"), "bf16-mixed"),
+        256,
+    ),
+    "vit_b_16-fp32": (torchvision_builder("vit_b_16"), 64),
+    "gpt2-seq1024-bf16-mixed": (with_precision(hf_builder("gpt2/seq=1024"), "bf16-mixed"), 16),
+    "llama-1b-bf16-true": (with_precision(hf_builder("llama-1b/seq=1024"), "bf16-true"), 8),
+}
+
+
+def timed_block(runner: StepRunner, steps: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        runner()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
+
+
+def bench_workload(name: str, builder: Callable, batch: int, rounds: int, steps: int) -> dict:
+    device = torch.device("cuda")
+    w = builder(batch, device)
+    runner = StepRunner(w, device)
+    for _ in range(3):
+        runner()
+    base: list[float] = []
+    tracked: list[float] = []
+    for r in range(rounds):
+        order = ("base", "tracked") if r % 2 == 0 else ("tracked", "base")
+        for mode in order:
+            if mode == "base":
+                base.append(timed_block(runner, steps))
+            else:
+                with vramscope.track(name=name):
+                    tracked.append(timed_block(runner, steps))
+    b, t = statistics.median(base), statistics.median(tracked)
+    spread = (max(base) - min(base)) / b
+    result = {
+        "workload": name,
+        "batch_size": batch,
+        "step_ms_baseline": round(b * 1000, 3),
+        "step_ms_tracked": round(t * 1000, 3),
+        "overhead_pct": round(100 * (t - b) / b, 2),
+        "baseline_spread_pct": round(100 * spread, 2),
+        "rounds": rounds,
+        "steps_per_block": steps,
+    }
+    del runner, w
+    torch.cuda.empty_cache()  # between workloads only; never inside a measured block
+    return result
+
+
+def read_costs(n: int = 2000) -> dict:
+    index = torch.cuda.current_device()
+    costs = {}
+    for label, fn in (
+        ("torch.cuda.memory_allocated", lambda: torch.cuda.memory_allocated()),
+        ("torch.cuda.memory_stats", lambda: torch.cuda.memory_stats()),
+        ("vramscope allocator.read (nested stats)", lambda: allocator.read(index)),
+        ("torch.cuda.mem_get_info", lambda: torch.cuda.mem_get_info()),
+    ):
+        fn()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        costs[label] = round((time.perf_counter() - start) / n * 1e6, 2)
+    return costs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--only", nargs="*")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("overhead.py needs a CUDA device")
+    rounds, steps = (4, 5) if args.quick else (8, 8)
+    results = []
+    for name, (builder, batch) in WORKLOADS.items():
+        if args.only and name not in args.only:
+            continue
+        try:
+            results.append(bench_workload(name, builder, batch, rounds, steps))
+        except Exception as exc:  # report and go on with the next workload
+            results.append({"workload": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        print(json.dumps(results[-1]), flush=True)
+    costs = read_costs()
+    props = torch.cuda.get_device_properties(0)
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": props.name,
+        "driver": nvml.driver_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "vramscope": vramscope.__version__,
+    }
+    print("\nread cost (µs per call):")
+    for label, us in costs.items():
+        print(f"  {label:45s} {us:8.2f}")
+    print(
+        f"\n{'workload':28s} {'batch':>5s} {'base ms':>9s} {'tracked ms':>11s} {'overhead':>9s} {'spread':>7s}"
+    )
+    ok = [r for r in results if "error" not in r]
+    for r in results:
+        if "error" in r:
+            print(f"{r['workload']:28s} ERROR {r['error']}")
+            continue
+        print(
+            f"{r['workload']:28s} {r['batch_size']:5d} {r['step_ms_baseline']:9.2f} {r['step_ms_tracked']:11.2f} "
+            f"{r['overhead_pct']:8.2f}% {r['baseline_spread_pct']:6.2f}%"
+        )
+    if ok:
+        overheads = [r["overhead_pct"] for r in ok]
+        print(
+            f"\nmedian overhead {statistics.median(overheads):.2f}%, worst {max(overheads):.2f}%  ({meta['gpu']}, torch {meta['torch']})"
+        )
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps({"meta": meta, "read_cost_us": costs, "results": results}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""``vramscope measure WORKLOAD``: build a workload and measure real steps on this device."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from vramscope.cli.common import check_paths, emit, output_options
+from vramscope.tracking.runner import measure
+
+
+def workload_options(func):
+    """--batch-size/--precision/--accumulate/--allocator-config, shared with estimate and fit."""
+    for option in reversed(
+        [
+            click.option(
+                "-b",
+                "--batch-size",
+                type=click.IntRange(min=1),
+                default=8,
+                show_default=True,
+                help="Micro-batch size passed to the build function.",
+            ),
+            click.option(
+                "--precision",
+                type=click.Choice(["32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"]),
+                help="Override the workload's precision.",
+            ),
+            click.option(
+                "--accumulate",
+                type=click.IntRange(min=1),
+                help="Micro-batches per optimizer step (overrides the workload).",
+            ),
+            click.option(
+                "--allocator-config",
+                help="PYTORCH_CUDA_ALLOC_CONF options, e.g. expandable_segments:True.",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+@click.command(short_help="Measure real steps of a workload.")
+@click.argument("workload")
+@workload_options
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Steps to measure, the first included.",
+)
+@click.option("--device", help="cuda, cuda:N or cpu (default: CUDA when present).")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.001),
+    default=0.1,
+    show_default=True,
+    help="Timeline sampling interval in seconds.",
+)
+@output_options
+def command(
+    workload: str,
+    batch_size: int,
+    precision: str | None,
+    accumulate: int | None,
+    allocator_config: str | None,
+    steps: int,
+    device: str | None,
+    interval: float,
+    json_path: str | None,
+    html_path: str | None,
+    trace_path: str | None,
+    csv_path: str | None,
+    quiet: bool,
+) -> None:
+    """Build WORKLOAD (path/to/file.py:function or example:cnn, example:gpt, ...) and
+    measure STEPS real steps on the local device, the first step included."""
+    check_paths(json_path, html_path, trace_path, csv_path)
+    report = measure(
+        workload,
+        batch_size=batch_size,
+        steps=steps,
+        device=device,
+        precision=precision,
+        accumulate=accumulate,
+        allocator_config=allocator_config,
+        interval_s=interval,
+    )
+    emit(report, json_path, html_path, trace_path, csv_path, quiet)
+    if report.exit.status != "ok":
+        click.echo(
+            f"vramscope: the run ended early ({report.exit.status}): {report.exit.error}", err=True
+        )
+        sys.exit(report.exit.code or 1)

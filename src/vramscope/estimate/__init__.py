@@ -1,0 +1,1 @@
+"""Predicting GPU memory without running: fake-tensor tracing and a caching-allocator simulator."""

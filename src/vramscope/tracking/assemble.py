@@ -1,0 +1,412 @@
+"""Turn a stopped Session's records into a Report (plain data; findings added last)."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vramscope import __version__
+from vramscope.report.findings import add_findings
+from vramscope.report.model import (
+    AllocatorSlack,
+    Categories,
+    EpochStats,
+    ExitInfo,
+    OomInfo,
+    Peak,
+    PhaseStats,
+    Reconciliation,
+    Report,
+    Startup,
+    StepStats,
+    Timeline,
+)
+from vramscope.sources import host as host_source
+from vramscope.sources import nvml
+
+if TYPE_CHECKING:
+    from vramscope.tracking.session import Session, StepRecord
+
+CPU_REASON = "no CUDA device in use: the CPU has no caching allocator to read"
+PHASE_ORDER = ("data", "zero_grad", "forward", "backward", "optimizer", "other")
+
+
+def _phase_key(name: str) -> tuple[int, str]:
+    return (PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER), name)
+
+
+def assemble_report(session: Session) -> Report:
+    samples = session._sampler.samples() if session._sampler else []
+    report = Report(
+        kind="measured",
+        vramscope_version=__version__,
+        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        workload=dict(session.workload_info),
+    )
+    report.device = _device_info(session)
+    report.host = _host_info()
+    report.steps = [_step_stats(session, s, samples) for s in session._steps]
+    report.epochs = _epochs(report.steps)
+    report.phases = _run_phases(report.steps)
+    report.timeline = _timeline(session, samples)
+    report.exit = ExitInfo(**session._exit)
+    cuda = session._device_index is not None
+    final = session._final
+    reading = final.get("reading")
+    objects = final.get("objects")
+
+    # ---- peak --------------------------------------------------------------------------
+    peak = Peak()
+    host_values = [s[4] for s in samples if s[4] is not None]
+    peak.host_rss_bytes = max(host_values) if host_values else None
+    if cuda and session._peak_allocated >= 0:
+        peak.allocated_bytes = session._peak_allocated
+        peak.reserved_bytes = max(session._peak_reserved, reading.reserved_bytes if reading else 0)
+        peak.step, peak.phase = session._peak_where
+    elif not cuda:
+        for key in ("peak.allocated_bytes", "peak.reserved_bytes", "peak.device_used_bytes"):
+            report.unavailable[key] = CPU_REASON
+    report.peak = peak
+
+    # ---- startup ------------------------------------------------------------------------
+    first = session._first_reading
+    report.startup = Startup(
+        after_build_allocated_bytes=first.allocated_bytes if first else None,
+        after_build_reserved_bytes=first.reserved_bytes if first else None,
+        host_rss_bytes=session._first_reading_rss,
+    )
+
+    # ---- reconciliation and device used -------------------------------------------------------
+    if cuda and reading is not None:
+        end = _reconcile_end(session, reading, objects, final.get("nvml"))
+        report.reconciliation.append(end)
+        context = end.context_and_libraries_bytes
+        report.startup.context_and_libraries_bytes = context
+        used_samples = [s[3] for s in samples if s[3] is not None]
+        if context is not None and peak.reserved_bytes is not None:
+            peak.device_used_bytes = max(
+                peak.reserved_bytes + context, max(used_samples, default=0)
+            )
+        elif used_samples:
+            peak.device_used_bytes = max(used_samples)
+        else:
+            report.unavailable["peak.device_used_bytes"] = end.note or "NVML is not available"
+        if peak.allocated_bytes is not None:
+            cats = _categories_at_peak(session, report, objects, final.get("full_gradients", 0))
+            report.categories_at_peak = cats
+            report.reconciliation.insert(0, _reconcile_peak(session, report, cats, end))
+    else:
+        cats = Categories()
+        if objects is not None:
+            cats.parameters = objects.parameters
+            cats.buffers = objects.buffers
+            cats.gradients = (
+                max(objects.gradients, final.get("full_gradients", 0))
+                if any(s.backwards for s in session._steps)
+                else objects.gradients
+            )
+            cats.optimizer_state = max(objects.optimizer_state, session._after_optimizer_state or 0)
+        report.categories_at_peak = cats
+        report.categories_note = (
+            "on the CPU, parameters, buffers, gradients and optimizer state are exact from the "
+            "objects; activations and temporaries need a CUDA device (allocator counters)"
+        )
+        report.unavailable["categories_at_peak.activations"] = CPU_REASON
+        report.unavailable["reconciliation"] = CPU_REASON
+
+    if session._oom is not None:
+        report.oom = OomInfo(**session._oom)
+    report.extra["sampler"] = {
+        "interval_s": session._interval_s,
+        "effective_interval_s": session._sampler.effective_interval_s if session._sampler else None,
+        "error": session._sampler.error if session._sampler else None,
+    }
+    if first is not None and reading is not None:
+        report.extra["allocator"] = {
+            "num_alloc_retries": reading.num_alloc_retries - first.num_alloc_retries,
+            "num_ooms": reading.num_ooms - first.num_ooms,
+            "segments": reading.segments,
+            "config": _allocator_config(),
+        }
+    add_findings(report)
+    return report
+
+
+def _allocator_config() -> str | None:
+    import os
+
+    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+
+
+def _device_info(session: Session) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "type": session._device_type,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+    }
+    if session._device_index is None:
+        info["name"] = platform.processor() or platform.machine() or "cpu"
+        info["total_bytes"] = None
+        return info
+    props = torch.cuda.get_device_properties(session._device_index)
+    info.update(
+        name=props.name,
+        index=session._device_index,
+        total_bytes=int(props.total_memory),
+        capability=f"{props.major}.{props.minor}",
+        cuda_version=torch.version.cuda,
+        driver_version=nvml.driver_version(),
+    )
+    return info
+
+
+def _host_info() -> dict[str, Any]:
+    mem = host_source.host_memory()
+    return {"total_bytes": mem.total_bytes, "available_bytes": mem.available_bytes}
+
+
+def _window_max(samples: list[tuple], index: int, t0: float, t1: float) -> int | None:
+    values = [s[index] for s in samples if t0 <= s[0] <= t1 and s[index] is not None]
+    if values:
+        return max(values)
+    before = [s for s in samples if s[0] <= t1 and s[index] is not None]
+    return before[-1][index] if before else None
+
+
+def _step_stats(session: Session, record: StepRecord, samples: list[tuple]) -> StepStats:
+    t0 = record.start_s - session._t0
+    t1 = (record.end_s or record.start_s) - session._t0
+    phases = sorted(record.phases.values(), key=lambda p: _phase_key(p.name))
+    peaks = [p.peak_allocated_bytes for p in phases if p.peak_allocated_bytes is not None]
+    reserved = [p.peak_reserved_bytes for p in phases if p.peak_reserved_bytes is not None]
+    return StepStats(
+        index=record.index,
+        epoch=record.epoch,
+        mode="train" if record.backwards else "eval",
+        micro_batches=record.backwards or record.forwards,
+        peak_allocated_bytes=max(peaks) if peaks else None,
+        peak_reserved_bytes=max(reserved) if reserved else None,
+        start_allocated_bytes=record.start_allocated,
+        end_allocated_bytes=record.end_allocated,
+        host_rss_bytes=_window_max(samples, 4, t0, t1),
+        duration_s=t1 - t0,
+        start_s=t0,
+        phases=phases,
+    )
+
+
+def _epochs(steps: list[StepStats]) -> list[EpochStats]:
+    epochs: dict[int, EpochStats] = {}
+    for step in steps:
+        e = epochs.get(step.epoch)
+        if e is None:
+            e = epochs[step.epoch] = EpochStats(index=step.epoch, first_step=step.index)
+        e.steps += 1
+        e.duration_s += step.duration_s
+        if step.peak_allocated_bytes is not None:
+            e.peak_allocated_bytes = max(e.peak_allocated_bytes or 0, step.peak_allocated_bytes)
+        if step.peak_reserved_bytes is not None:
+            e.peak_reserved_bytes = max(e.peak_reserved_bytes or 0, step.peak_reserved_bytes)
+        if step.host_rss_bytes is not None:
+            e.host_rss_bytes = max(e.host_rss_bytes or 0, step.host_rss_bytes)
+        e.end_allocated_bytes = step.end_allocated_bytes
+    return [epochs[k] for k in sorted(epochs)]
+
+
+def _run_phases(steps: list[StepStats]) -> list[PhaseStats]:
+    """Per phase over the run: the highest peak (and its step), total time, occurrences."""
+    merged: dict[str, PhaseStats] = {}
+    for step in steps:
+        for p in step.phases:
+            m = merged.get(p.name)
+            if m is None:
+                m = merged[p.name] = PhaseStats(name=p.name, count=0, step=step.index)
+            m.count += p.count
+            m.duration_s += p.duration_s
+            if p.peak_allocated_bytes is not None and (
+                m.peak_allocated_bytes is None or p.peak_allocated_bytes > m.peak_allocated_bytes
+            ):
+                m.peak_allocated_bytes = p.peak_allocated_bytes
+                m.start_allocated_bytes = p.start_allocated_bytes
+                m.end_allocated_bytes = p.end_allocated_bytes
+                m.step = step.index
+            if p.peak_reserved_bytes is not None:
+                m.peak_reserved_bytes = max(m.peak_reserved_bytes or 0, p.peak_reserved_bytes)
+    return sorted(merged.values(), key=lambda p: _phase_key(p.name))
+
+
+def _timeline(session: Session, samples: list[tuple]) -> Timeline:
+    sampler = session._sampler
+    return Timeline(
+        interval_s=sampler.effective_interval_s if sampler else None,
+        t=[round(s[0], 6) for s in samples],
+        allocated_bytes=[s[1] for s in samples],
+        reserved_bytes=[s[2] for s in samples],
+        device_used_bytes=[s[3] for s in samples],
+        host_rss_bytes=[s[4] for s in samples],
+        phases=list(session._phase_bands),
+        markers=list(session._markers),
+        dropped_phase_bands=session._dropped_bands,
+    )
+
+
+def _categories_at_peak(
+    session: Session, report: Report, objects: Any, full_gradients: int
+) -> Categories:
+    """Split the peak into categories: objects exact, the rest from phase-boundary counters."""
+    step_index, phase_name = session._peak_where
+    step = next((s for s in report.steps if s.index == step_index), None)
+    peak = report.peak.allocated_bytes or 0
+    params, buffers = objects.parameters, objects.buffers
+    opt_full = max(objects.optimizer_state, session._after_optimizer_state or 0)
+    first_optimizer_step = min(
+        (s.index for s in report.steps for p in s.phases if p.name == "optimizer"), default=None
+    )
+    record = next((r for r in session._steps if r.index == step_index), None)
+    opt_state = opt_full
+    if (
+        first_optimizer_step is None
+        or step_index is None
+        or step_index < first_optimizer_step
+        or (step_index == first_optimizer_step and phase_name != "optimizer")
+    ):
+        opt_state = 0
+    grads_live = bool(record and record.grads_live_at_start)
+    if phase_name in ("backward", "optimizer"):
+        grads = full_gradients
+    elif phase_name == "forward":
+        grads = full_gradients if grads_live or (record and record.backwards > 1) else 0
+    else:
+        grads = objects.gradients if grads_live else 0
+    baseline = session._first_reading.allocated_bytes if session._first_reading else 0
+    other = max(0, baseline - params - buffers)
+    activations = 0
+    if step is not None:
+        backward = next((p for p in step.phases if p.name == "backward"), None)
+        if backward is not None and backward.start_allocated_bytes is not None:
+            held = params + buffers + other + (grads if grads_live else 0)
+            held += opt_state if phase_name != "optimizer" else opt_full
+            activations = max(0, backward.start_allocated_bytes - held)
+    if phase_name in ("optimizer", "zero_grad", "data", "other"):
+        activations = 0
+    fixed = params + buffers + grads + opt_state + other
+    if fixed + activations > peak:
+        activations = max(0, peak - fixed)
+    temporaries = max(0, peak - fixed - activations)
+    report.categories_note = (
+        "parameters, buffers, gradients and optimizer state are exact from the model and "
+        "optimizer objects; activations (saved for backward, measured where backward begins) "
+        "and temporaries (the rest of the peak) come from allocator counters at phase "
+        f"boundaries; the peak is in the {phase_name} phase of step {step_index}"
+    )
+    return Categories(
+        parameters=params,
+        buffers=buffers,
+        gradients=grads,
+        optimizer_state=opt_state,
+        activations=activations,
+        temporaries=temporaries,
+        other=other,
+    )
+
+
+def _reconcile_end(
+    session: Session, reading: Any, objects: Any, nvml_final: dict[str, Any] | None
+) -> Reconciliation:
+    import os
+
+    tensors = Categories(
+        parameters=objects.parameters,
+        buffers=objects.buffers,
+        gradients=objects.gradients,
+        optimizer_state=objects.optimizer_state,
+        activations=0,
+        temporaries=0,
+        other=max(0, reading.allocated_bytes - objects.total),
+    )
+    rec = Reconciliation(
+        moment="end",
+        tensors=tensors,
+        requested_bytes=reading.requested_bytes,
+        allocated_bytes=reading.allocated_bytes,
+        slack=AllocatorSlack(
+            cached_free_bytes=reading.reserved_bytes
+            - reading.allocated_bytes
+            - reading.inactive_split_bytes,
+            fragmentation_bytes=reading.inactive_split_bytes,
+            rounding_bytes=reading.rounding_bytes,
+        ),
+        reserved_bytes=reading.reserved_bytes,
+    )
+    if not nvml_final:
+        rec.note = nvml.unavailable_reason() or "NVML could not read this device"
+        free, total = torch.cuda.mem_get_info(session._device_index)
+        rec.free_bytes, rec.total_bytes = int(free), int(total)
+        return rec
+    memory = nvml_final["memory"]
+    own = nvml_final.get("own_used")
+    pid = os.getpid()
+    others = sum(
+        p.used_bytes or 0 for p in nvml_final["processes"] if p.pid != pid and p.used_bytes
+    )
+    if own is not None and len(nvml_final["processes"]) == 1:
+        others = 0
+    rec.total_bytes = memory.total_bytes
+    rec.free_bytes = memory.free_bytes
+    if own is None:
+        rec.note = "NVML lists no memory for this process (container PID namespace or MIG)"
+        return rec
+    rec.device_used_bytes = own
+    rec.context_and_libraries_bytes = own - reading.reserved_bytes
+    rec.other_processes_bytes = others
+    rec.driver_reserved_bytes = memory.reserved_bytes
+    rec.unaccounted_bytes = (
+        memory.total_bytes - memory.free_bytes - own - others - memory.reserved_bytes
+    )
+    return rec
+
+
+def _reconcile_peak(
+    session: Session, report: Report, cats: Categories, end: Reconciliation
+) -> Reconciliation:
+    close = session._peak_close
+    peak = report.peak
+    slack_total = (peak.reserved_bytes or 0) - (peak.allocated_bytes or 0)
+    fragmentation = min(close.inactive_split_bytes, slack_total) if close else None
+    rounding = None
+    if close is not None:
+        rounding = max(0, close.allocated_bytes - close.requested_bytes)
+    rec = Reconciliation(
+        moment="peak",
+        tensors=cats,
+        requested_bytes=(peak.allocated_bytes - rounding) if rounding is not None else None,
+        allocated_bytes=peak.allocated_bytes,
+        slack=AllocatorSlack(
+            cached_free_bytes=slack_total - (fragmentation or 0),
+            fragmentation_bytes=fragmentation,
+            rounding_bytes=rounding,
+        ),
+        reserved_bytes=peak.reserved_bytes,
+        context_and_libraries_bytes=end.context_and_libraries_bytes,
+        device_used_bytes=peak.device_used_bytes,
+        other_processes_bytes=end.other_processes_bytes,
+        driver_reserved_bytes=end.driver_reserved_bytes,
+        unaccounted_bytes=end.unaccounted_bytes,
+        total_bytes=end.total_bytes,
+        note=(
+            "at the peak: allocated and reserved are the allocator's peaks; the split of the "
+            "slack is read where the peak phase ended; context and other processes as at the end"
+        ),
+    )
+    if rec.total_bytes is not None and rec.device_used_bytes is not None:
+        rec.free_bytes = (
+            rec.total_bytes
+            - rec.device_used_bytes
+            - (rec.other_processes_bytes or 0)
+            - (rec.driver_reserved_bytes or 0)
+            - (rec.unaccounted_bytes or 0)
+        )
+    return rec

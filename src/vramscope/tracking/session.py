@@ -1,0 +1,640 @@
+"""The tracking Session: phase and step bookkeeping for a real run, turned into a Report.
+
+Cost model: at each phase boundary (a handful per step) one read of the allocator's nested
+counters and one peak reset; a background thread samples the timeline. Nothing reads the
+allocator per module, nothing dispatches per op, nothing keeps a tensor alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from vramscope.report.model import PhaseStats, Report
+from vramscope.sources import allocator, nvml
+from vramscope.sources.allocator import LEDGER, AllocatorReading
+from vramscope.sources.host import ProcessTreeRss
+from vramscope.tracking.hooks import GlobalHooks
+from vramscope.tracking.sampler import Sample, Sampler
+
+F = TypeVar("F", bound=Callable[..., Any])
+MAX_PHASE_BANDS = 20_000
+
+
+@dataclass
+class StepRecord:
+    """A step being recorded (mutable); becomes a report StepStats when finished."""
+
+    index: int
+    epoch: int
+    start_s: float
+    start_allocated: int | None
+    end_s: float | None = None
+    end_allocated: int | None = None
+    forwards: int = 0
+    backwards: int = 0
+    saw_optimizer: bool = False
+    grad_forward: bool = False
+    grads_live_at_start: bool | None = None
+    forward_modules: set[int] = field(default_factory=set)
+    phases: dict[str, PhaseStats] = field(default_factory=dict)
+
+
+@dataclass
+class PhaseRecord:
+    name: str
+    start_s: float
+    start_allocated: int | None
+
+
+class Session:
+    """Tracks the memory of whatever runs inside it (``with vramscope.track() as s: ...``).
+
+    Steps and phases are found by global hooks (forward, backward, optimizer, zero_grad,
+    DataLoader); ``step()`` and ``epoch()`` mark them explicitly instead when called.
+    """
+
+    def __init__(
+        self,
+        device: str | torch.device | None = None,
+        interval_s: float = 0.1,
+        name: str | None = None,
+        workload: dict[str, Any] | None = None,
+        detail: str = "default",
+        timeline_capacity: int = 4096,
+        status: bool = True,
+        hooks: bool = True,
+        manual_steps: bool = False,
+    ) -> None:
+        if detail not in ("default",):
+            from vramscope.errors import VramscopeError
+
+            raise VramscopeError(f"unknown detail {detail!r}; this version supports 'default'")
+        self.name = name
+        self.workload_info = dict(workload or {})
+        self.detail = detail
+        self._requested_device = torch.device(device) if device is not None else None
+        self._interval_s = interval_s
+        self._capacity = timeline_capacity
+        self._use_status = status
+        self._use_hooks = hooks
+        self._hooks: GlobalHooks | None = None
+        self._sampler: Sampler | None = None
+        self._status: Any = None
+        self._rss_main = ProcessTreeRss()
+        self._rss_sampler = ProcessTreeRss()
+        self._device_index: int | None = None
+        self._nvml_device: nvml.NvmlDevice | None = None
+        self._running = False
+        self._t0 = 0.0
+        self._t_end: float | None = None
+        self._models: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._has_params: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._steps: list[StepRecord] = []
+        self._step: StepRecord | None = None
+        self._phase: PhaseRecord | None = None
+        self._phase_bands: list[dict[str, Any]] = []
+        self._dropped_bands = 0
+        self._markers: list[dict[str, Any]] = []
+        self._epoch = 0
+        self._explicit_steps = manual_steps
+        self._explicit_epochs = False
+        self._force_new_step = False
+        self._main_loader: Callable[[], Any] | None = None
+        self._main_loader_iters = 0
+        self._first_reading: AllocatorReading | None = None
+        self._first_reading_rss: int | None = None
+        self._peak_close: AllocatorReading | None = None  # reading that closed the peak phase
+        self._peak_allocated = -1
+        self._peak_reserved = 0
+        self._peak_where: tuple[int | None, str | None] = (None, None)
+        self._peak_requested: int | None = None
+        self._after_optimizer_state: int | None = None
+        self._oom_module: str | None = None
+        self._oom_module_obj: weakref.ref[torch.nn.Module] | None = None
+        self._exit: dict[str, Any] = {"status": "ok", "code": 0, "error": None}
+        self._oom: dict[str, Any] | None = None
+        self._final: dict[str, Any] = {}
+        self._report: Report | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def __enter__(self) -> Session:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.record_exception(exc)
+        self.stop()
+
+    def start(self) -> Session:
+        if self._running:
+            return self
+        self._t0 = time.perf_counter()
+        self._running = True
+        LEDGER.install()
+        self._ensure_device()
+        if self._device_index is not None:
+            self._first_reading = self._read(reset=True)
+        self._first_reading_rss = self._rss_main.read()
+        if self._use_hooks:
+            self._hooks = GlobalHooks(self)
+            self._hooks.install()
+        if self._use_status:
+            self._status = _open_status(self)
+        self._sampler = Sampler(
+            self._sample, interval_s=self._interval_s, capacity=self._capacity, on_tick=self._tick
+        )
+        self._sampler.sample_now()
+        self._sampler.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop tracking and remove every hook; safe to call twice."""
+        if not self._running:
+            return
+        self._running = False
+        try:
+            now = time.perf_counter()
+            reading = self._read(reset=False) if self._device_index is not None else None
+            self._close_phase(now, reading)
+            self._finish_step(now, reading)
+            if self._sampler is not None:
+                with contextlib.suppress(Exception):
+                    self._sampler.sample_now()
+            self._final = self._final_readings(reading)
+        finally:
+            if self._hooks is not None:
+                self._hooks.remove()
+            if self._sampler is not None:
+                self._sampler.stop()
+            if self._status is not None:
+                with contextlib.suppress(Exception):
+                    self._status.close()
+            LEDGER.uninstall()
+            self._t_end = time.perf_counter()
+
+    # ---- explicit markers --------------------------------------------------------------
+    def step(self) -> None:
+        """Mark the end of a step (call once per iteration, like ``profiler.step()``)."""
+        self._explicit_steps = True
+        now = time.perf_counter()
+        reading = self._transition_reading(now)
+        self._finish_step(now, reading)
+        self._begin_step(now, reading)
+
+    def epoch(self) -> None:
+        """Mark the end of an epoch; the next step belongs to the next epoch."""
+        self._explicit_epochs = True
+        self._new_epoch()
+
+    def mark_built(self) -> None:
+        """Note that the model and optimizer now exist: the startup figures are read here."""
+        if self._running and self._ensure_device():
+            self._first_reading = self._read(reset=True)
+        self._first_reading_rss = self._rss_main.read()
+
+    def watch(self, *objects: torch.nn.Module | torch.optim.Optimizer) -> None:
+        """Tell the session about models and optimizers before they are first used."""
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module):
+                self._models.add(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                self._optimizers.add(obj)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Mark a region of your own as a phase (``data``, ``other``, or any name)."""
+        self._transition(name)
+        try:
+            yield
+        finally:
+            self._transition("other")
+
+    def record_exception(self, exc: BaseException) -> None:
+        """Note how the run ended; an OOM gets an OOM report."""
+        if isinstance(exc, KeyboardInterrupt):
+            self._exit = {"status": "interrupted", "code": 130, "error": "interrupted (Ctrl-C)"}
+        elif isinstance(exc, torch.cuda.OutOfMemoryError):
+            self._exit = {"status": "oom", "code": 1, "error": _first_line(exc)}
+            self._oom = self._oom_details(exc)
+        elif isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if code:
+                self._exit = {"status": "error", "code": code, "error": f"exited with {code}"}
+        else:
+            self._exit = {
+                "status": "error",
+                "code": 1,
+                "error": f"{type(exc).__name__}: {_first_line(exc)}",
+            }
+
+    def set_exit(self, status: str, code: int, error: str | None = None) -> None:
+        self._exit = {"status": status, "code": code, "error": error}
+
+    # ---- reading ---------------------------------------------------------------------------
+    def _ensure_device(self) -> bool:
+        """Pick the CUDA device once the process has a context; never create one."""
+        if self._device_index is not None:
+            return True
+        if self._requested_device is not None and self._requested_device.type != "cuda":
+            return False
+        if not allocator.cuda_initialized():
+            return False
+        if self._requested_device is not None and self._requested_device.index is not None:
+            index = self._requested_device.index
+        else:
+            index = torch.cuda.current_device()
+        self._device_index = index
+        with contextlib.suppress(Exception):
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            self._nvml_device = nvml.device_by_uuid(uuid)
+        return True
+
+    def _read(self, reset: bool) -> AllocatorReading | None:
+        if self._device_index is None and not self._ensure_device():
+            return None
+        stats = LEDGER.read_for_tracking(self._device_index, reset=reset)
+        reading = allocator.reading_from_stats(stats)
+        if self._first_reading is None:
+            self._first_reading = reading
+        return reading
+
+    def _sample(self, t: float) -> Sample:
+        allocated = reserved = used = None
+        if self._device_index is not None or (self._running and self._ensure_device()):
+            stats = allocator.raw_stats(self._device_index)
+            allocated = allocator._all(stats, "allocated_bytes", "current")
+            reserved = allocator._all(stats, "reserved_bytes", "current")
+            if self._nvml_device is not None:
+                with contextlib.suppress(Exception):
+                    used = self._nvml_device.process_used_bytes()
+        return (t - self._t0, allocated, reserved, used, self._rss_sampler.read())
+
+    def _tick(self, sample: Sample) -> None:
+        if self._status is None:
+            return
+        step = self._step
+        with contextlib.suppress(Exception):
+            self._status.update(
+                phase=self._phase.name if self._phase else None,
+                step=step.index if step else None,
+                epoch=self._epoch,
+                allocated_bytes=sample[1],
+                reserved_bytes=sample[2],
+                device_used_bytes=sample[3],
+                host_rss_bytes=sample[4],
+                peak_allocated_bytes=max(self._peak_allocated, 0) or None,
+                device=self._device_index,
+            )
+
+    # ---- phase and step bookkeeping -------------------------------------------------------
+    def _transition_reading(self, now: float) -> AllocatorReading | None:
+        reading = self._read(reset=True)
+        self._close_phase(now, reading)
+        return reading
+
+    def _transition(self, name: str, new_step: bool = False) -> None:
+        if not self._running:
+            return
+        now = time.perf_counter()
+        reading = self._transition_reading(now)
+        if self._step is None or new_step or self._force_new_step:
+            self._finish_step(now, reading)
+            self._begin_step(now, reading)
+        self._phase = PhaseRecord(name, now, reading.allocated_bytes if reading else None)
+
+    def _close_phase(self, now: float, reading: AllocatorReading | None) -> None:
+        phase, step = self._phase, self._step
+        self._phase = None
+        if phase is None or step is None:
+            return
+        stats = step.phases.get(phase.name)
+        if stats is None:
+            stats = step.phases[phase.name] = PhaseStats(
+                name=phase.name,
+                start_allocated_bytes=phase.start_allocated,
+                count=0,
+                step=step.index,
+            )
+        stats.count += 1
+        stats.duration_s += now - phase.start_s
+        if reading is not None:
+            stats.peak_allocated_bytes = max(
+                stats.peak_allocated_bytes or 0, reading.peak_allocated_bytes
+            )
+            stats.peak_reserved_bytes = max(
+                stats.peak_reserved_bytes or 0, reading.peak_reserved_bytes
+            )
+            stats.end_allocated_bytes = reading.allocated_bytes
+            self._peak_reserved = max(self._peak_reserved, reading.peak_reserved_bytes)
+            if reading.peak_allocated_bytes > self._peak_allocated:
+                self._peak_allocated = reading.peak_allocated_bytes
+                self._peak_close = reading
+                self._peak_where = (step.index, phase.name)
+        if len(self._phase_bands) < MAX_PHASE_BANDS:
+            self._phase_bands.append(
+                {
+                    "name": phase.name,
+                    "step": step.index,
+                    "start_s": phase.start_s - self._t0,
+                    "end_s": now - self._t0,
+                }
+            )
+        else:
+            self._dropped_bands += 1
+        if phase.name == "optimizer" and self._after_optimizer_state is None:
+            from vramscope.tracking.categories import object_categories
+
+            self._after_optimizer_state = object_categories(
+                [], list(self._optimizers), self._device_type
+            ).optimizer_state
+
+    def _finish_step(self, now: float, reading: AllocatorReading | None) -> None:
+        step = self._step
+        if step is None:
+            return
+        step.end_s = now
+        step.end_allocated = reading.allocated_bytes if reading else None
+        self._step = None
+        if step.forwards == 0 and step.backwards == 0 and not step.saw_optimizer:
+            return  # only data loading (the loader's last, empty fetch) or nothing
+        self._steps.append(step)
+
+    def _begin_step(self, now: float, reading: AllocatorReading | None) -> None:
+        self._force_new_step = False
+        index = self._steps[-1].index + 1 if self._steps else 0
+        self._step = StepRecord(
+            index=index,
+            epoch=self._epoch,
+            start_s=now,
+            start_allocated=reading.allocated_bytes if reading else None,
+        )
+        self._markers.append({"kind": "step", "index": index, "t": now - self._t0})
+
+    def _new_epoch(self) -> None:
+        self._epoch += 1
+        self._force_new_step = True
+        self._markers.append(
+            {"kind": "epoch", "index": self._epoch, "t": time.perf_counter() - self._t0}
+        )
+
+    @property
+    def _device_type(self) -> str:
+        return "cuda" if self._device_index is not None else "cpu"
+
+    def _is_model(self, module: torch.nn.Module) -> bool:
+        known = self._has_params.get(module)
+        if known is None:
+            known = next(module.parameters(), None) is not None
+            self._has_params[module] = known
+            if known:
+                self._models.add(module)
+        return known
+
+    # ---- hook callbacks (PhaseListener) -------------------------------------------------
+    def on_forward_start(self, module: torch.nn.Module) -> None:
+        if not self._running or not self._is_model(module):
+            return
+        grad = torch.is_grad_enabled()
+        step = self._step
+        new_step = False
+        if (
+            step is not None
+            and not self._explicit_steps
+            and (
+                step.saw_optimizer
+                or (not grad and (step.backwards or id(module) in step.forward_modules))
+                or (grad and step.forwards and not step.grad_forward)
+            )
+        ):
+            new_step = True
+        if (
+            new_step
+            or step is None
+            or self._force_new_step
+            or (self._phase is None or self._phase.name != "forward")
+        ):
+            self._transition("forward", new_step=new_step)
+        step = self._step
+        if step is not None:
+            if step.forwards == 0:
+                step.grads_live_at_start = _grads_live(module)
+            step.forwards += 1
+            step.grad_forward = step.grad_forward or grad
+            step.forward_modules.add(id(module))
+
+    def on_forward_end(self, module: torch.nn.Module) -> None:
+        return None
+
+    def on_backward_start(self) -> None:
+        if not self._running:
+            return
+        self._transition("backward")
+        if self._step is not None:
+            self._step.backwards += 1
+
+    def on_backward_end(self) -> None:
+        return None
+
+    def on_optimizer_start(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._running:
+            return
+        self._optimizers.add(optimizer)
+        self._transition("optimizer")
+
+    def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._step is not None:
+            self._step.saw_optimizer = True
+
+    def on_zero_grad(self) -> None:
+        if not self._running:
+            return
+        step = self._step
+        new_step = bool(step and step.saw_optimizer and not self._explicit_steps)
+        if self._phase is not None and self._phase.name == "zero_grad" and not new_step:
+            return
+        self._transition("zero_grad", new_step=new_step)
+
+    def on_data(self, loader_id: int | None) -> None:
+        if not self._running:
+            return
+        step = self._step
+        new_step = False
+        if step is not None and not self._explicit_steps:
+            new_step = step.saw_optimizer or (step.forwards > 0 and step.backwards == 0)
+        self._transition("data", new_step=new_step)
+
+    def on_loader_iter(self, loader: Any) -> None:
+        """A new pass over the first dataset iterated is a new epoch; another one (a
+        validation loop) starts a new step. New DataLoader objects per epoch count too."""
+        if not self._running or self._explicit_epochs:
+            return
+        source = getattr(loader, "dataset", loader)
+        main = self._main_loader() if self._main_loader is not None else None
+        if main is None:
+            try:
+                self._main_loader = weakref.ref(source)
+            except TypeError:  # an object without weak references: compare by identity
+                self._main_loader = lambda source=source: source
+            self._main_loader_iters = 1
+            return
+        if main is source:
+            self._main_loader_iters += 1
+            self._new_epoch()
+        else:
+            self._force_new_step = True
+
+    def on_oom_in_module(self, module: torch.nn.Module) -> None:
+        if self._oom_module_obj is None:
+            self._oom_module_obj = weakref.ref(module)
+
+    # ---- results -----------------------------------------------------------------------------
+    def _final_readings(self, reading: AllocatorReading | None) -> dict[str, Any]:
+        from vramscope.tracking.categories import object_categories
+
+        final: dict[str, Any] = {"reading": reading, "nvml": None}
+        final["objects"] = object_categories(
+            list(self._models), list(self._optimizers), self._device_type
+        )
+        final["full_gradients"] = _full_gradient_bytes(list(self._models), self._device_type)
+        if self._nvml_device is not None:
+            with contextlib.suppress(Exception):
+                final["nvml"] = {
+                    "memory": self._nvml_device.memory(),
+                    "processes": self._nvml_device.processes(),
+                    "own_used": self._nvml_device.process_used_bytes(),
+                }
+        return final
+
+    def _oom_details(self, exc: BaseException) -> dict[str, Any]:
+        from vramscope.tracking.oom import oom_details
+
+        module_name = None
+        if self._oom_module_obj is not None:
+            module = self._oom_module_obj()
+            if module is not None:
+                module_name = _qualified_name(module, list(self._models))
+        return oom_details(
+            exc,
+            device_index=self._device_index,
+            phase=self._phase.name if self._phase else None,
+            step=self._step.index if self._step else None,
+            module=module_name,
+            nvml_device=self._nvml_device,
+        )
+
+    def report(self) -> Report:
+        """The Report of what was tracked (stops the session first if still running)."""
+        if self._running:
+            self.stop()
+        if self._report is None:
+            from vramscope.tracking.assemble import assemble_report
+
+            self._report = assemble_report(self)
+        return self._report
+
+
+def _grads_live(module: torch.nn.Module) -> bool:
+    for p in module.parameters():
+        if p.requires_grad:
+            return p.grad is not None
+    return False
+
+
+def _full_gradient_bytes(models: list[torch.nn.Module], device_type: str) -> int:
+    """What the gradients of every trainable parameter take once all exist."""
+    from vramscope.tracking.categories import block_bytes
+
+    seen: set[int] = set()
+    total = 0
+    for model in models:
+        for p in model.parameters():
+            if not p.requires_grad or p.device.type != device_type:
+                continue
+            key = p.untyped_storage().data_ptr()
+            if key in seen:
+                continue
+            seen.add(key)
+            total += block_bytes(p.numel() * p.element_size(), device_type)
+    return total
+
+
+def _qualified_name(module: torch.nn.Module, models: list[torch.nn.Module]) -> str:
+    for model in models:
+        for name, sub in model.named_modules():
+            if sub is module:
+                return f"{type(model).__name__}.{name}" if name else type(model).__name__
+    return type(module).__name__
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _open_status(session: Session) -> Any:
+    try:
+        from vramscope.tracking.status import StatusWriter
+    except Exception:  # status files are a convenience for `watch`; never fail the run
+        return None
+    try:
+        return StatusWriter(
+            {
+                "pid": os.getpid(),
+                "name": session.name or " ".join(sys.argv[:3]),
+                "workload": session.workload_info.get("spec"),
+            }
+        )
+    except Exception:
+        return None
+
+
+def track(
+    device: str | torch.device | None = None,
+    interval_s: float = 0.1,
+    name: str | None = None,
+    detail: str = "default",
+) -> Session:
+    """Track the memory of a block of code: ``with vramscope.track() as session: ...``."""
+    return Session(device=device, interval_s=interval_s, name=name, detail=detail)
+
+
+def profile(
+    func: F | None = None, *, print_report: bool = True, json_path: str | None = None
+) -> Any:
+    """Decorator: track each call of ``func``; the report is kept on ``func.last_report``."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            session = Session(name=fn.__qualname__, workload={"spec": fn.__qualname__})
+            try:
+                with session:
+                    return fn(*args, **kwargs)
+            finally:
+                report = session.report()
+                wrapper.last_report = report  # type: ignore[attr-defined]
+                if json_path:
+                    report.save(json_path)
+                if print_report:
+                    from vramscope.report.terminal import print_report as show
+
+                    show(report)
+
+        wrapper.last_report = None  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate(func) if func is not None else decorate

@@ -1,0 +1,153 @@
+"""The CUDA path of tracking, on a real GPU: phase peaks, reconciliation, OOM, user peaks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import vramscope
+from vramscope.examples import build_gpt
+from vramscope.workload import StepRunner
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "scripts" / "train_loop.py"
+
+
+def _manual_phase_peaks(runner: StepRunner) -> dict[str, int]:
+    """The same step, untracked, with max_memory_allocated windows at the phase edges."""
+    w = runner.workload
+    peaks: dict[str, int] = {}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    x, y = w.batch()
+    loss = w.loss(w.model, x, y)
+    peaks["forward"] = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    peaks["backward"] = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    w.optimizer.step()
+    peaks["optimizer"] = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    w.optimizer.zero_grad(set_to_none=True)
+    peaks["zero_grad"] = torch.cuda.max_memory_allocated()
+    return peaks
+
+
+def test_phase_peaks_equal_max_memory_allocated_windows() -> None:
+    device = torch.device("cuda")
+    w = build_gpt(8, device)
+    runner = StepRunner(w, device)
+    for _ in range(2):  # warm: optimizer state, cuBLAS workspaces
+        runner()
+    expected = _manual_phase_peaks(runner)
+    with vramscope.track() as session:
+        w.optimizer.zero_grad(set_to_none=True)
+        _manual_phase_peaks(runner)
+    report = session.report()
+    step = report.steps[-1]
+    got = {p.name: p.peak_allocated_bytes for p in step.phases}
+    for name in ("forward", "backward", "optimizer"):
+        assert got[name] == expected[name], (name, got, expected)
+    assert report.peak.allocated_bytes == max(expected.values())
+
+
+def test_reconciliation_sums_exactly() -> None:
+    report = vramscope.measure("example:gpt", batch_size=8, steps=3)
+    end = next(r for r in report.reconciliation if r.moment == "end")
+    assert end.tensors.total() == end.allocated_bytes
+    s = end.slack
+    assert end.allocated_bytes + s.cached_free_bytes + s.fragmentation_bytes == end.reserved_bytes
+    if end.device_used_bytes is not None:
+        assert end.reserved_bytes + end.context_and_libraries_bytes == end.device_used_bytes
+        assert end.context_and_libraries_bytes > 100 * 2**20  # a CUDA context is hundreds of MiB
+        assert (
+            end.device_used_bytes
+            + end.other_processes_bytes
+            + end.driver_reserved_bytes
+            + end.unaccounted_bytes
+            + end.free_bytes
+            == end.total_bytes
+        )
+    peak = next(r for r in report.reconciliation if r.moment == "peak")
+    assert peak.tensors.total() == report.peak.allocated_bytes
+    assert (
+        peak.allocated_bytes + peak.slack.cached_free_bytes + peak.slack.fragmentation_bytes
+        == peak.reserved_bytes
+    )
+
+
+def test_measure_peak_is_max_memory_allocated_of_the_same_steps() -> None:
+    torch.cuda.reset_peak_memory_stats()
+    report = vramscope.measure("example:cnn", batch_size=64, steps=3)
+    # the user's view is untouched by vramscope's resets (the peak ledger)
+    assert torch.cuda.max_memory_allocated() >= report.peak.allocated_bytes
+    assert report.peak.allocated_bytes == max(s.peak_allocated_bytes for s in report.steps)
+    cats = report.categories_at_peak
+    assert cats.total() == report.peak.allocated_bytes
+    assert cats.parameters > 0 and cats.optimizer_state > 0
+
+
+def test_user_max_memory_allocated_unchanged_by_tracking() -> None:
+    device = torch.device("cuda")
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with vramscope.track():
+        big = torch.empty(256 * 2**20, device=device, dtype=torch.uint8)
+        del big
+        w = build_gpt(2, device)
+        StepRunner(w, device)()  # phase resets happen here
+        seen_inside = torch.cuda.max_memory_allocated()
+    assert seen_inside >= base + 256 * 2**20
+    assert torch.cuda.max_memory_allocated() >= base + 256 * 2**20
+
+
+def test_run_script_reports_phases_steps_epochs(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramscope",
+            "run",
+            "-q",
+            "--json",
+            str(out),
+            str(SCRIPT),
+            "--epochs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert len(report["epochs"]) == 2
+    train = [s for s in report["steps"] if s["mode"] == "train"]
+    assert len(train) == 8
+    assert report["peak"]["allocated_bytes"] > 0
+    assert report["peak"]["device_used_bytes"] > report["peak"]["reserved_bytes"]
+
+
+def test_oom_inside_run_leaves_an_oom_report(tmp_path: Path) -> None:
+    out = tmp_path / "oom.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "-q", "--json", str(out), str(SCRIPT), "--oom"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert "OutOfMemoryError" in proc.stderr
+    report = json.loads(out.read_text())
+    assert report["exit"]["status"] == "oom"
+    assert report["oom"]["phase"] == "forward"
+    assert report["oom"]["module"] == "Net"
+    assert report["oom"]["requested_bytes"] == 1 << 46
+    assert report["oom"]["total_bytes"] > 0
+    assert any(f["kind"] == "oom" for f in report["findings"])

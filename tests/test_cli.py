@@ -1,0 +1,120 @@
+"""The command line: bad input gives one line and exit 2; scripts keep their exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "train_loop.py"
+
+
+def vramscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "vramscope", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("vramscope: error:")
+    assert needle in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "missing.py"], "no such script"),
+        (["measure", "missing.py:build"], "no such file"),
+        (["measure", f"{ROOT / 'src/vramscope/examples.py'}:missing"], "has no function 'missing'"),
+        (["measure", "example:cnn", "--batch-size", "0"], "0 is not in the range"),
+        (["measure", "example:cnn", "--batch-size", "abc"], "'abc' is not a valid integer"),
+        (["measure", "example:nope"], "no built-in example"),
+        (["measure", "example:cnn", "--json", "/nonexistent/dir/r.json"], "does not exist"),
+        (["report", "missing.json"], "no such report file"),
+        (["frobnicate"], "No such command"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    assert_one_line_error(vramscope(*args), needle)
+
+
+def test_build_that_raises_shows_its_error(tmp_path):
+    wl = tmp_path / "wl.py"
+    wl.write_text("def build(batch_size, device):\n    return 1 / 0\n")
+    assert_one_line_error(vramscope("measure", f"{wl}:build"), "ZeroDivisionError: division by zero (at wl.py:2)")
+
+
+def test_report_of_a_file_that_is_not_a_report(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert_one_line_error(vramscope("report", str(bad)), "not valid JSON")
+
+
+def test_run_keeps_the_scripts_exit_code_and_saves_a_partial_report(tmp_path):
+    out = tmp_path / "r.json"
+    proc = vramscope("run", "-q", "--json", str(out), str(SCRIPT), "--epochs", "1", "--exit-code", "3")
+    assert proc.returncode == 3
+    report = json.loads(out.read_text())
+    assert report["exit"] == {"status": "error", "code": 3, "error": "exited with 3"}
+    assert len(report["steps"]) == 4
+
+
+def test_run_of_a_failing_script_prints_its_traceback_and_exits_1(tmp_path):
+    out = tmp_path / "r.json"
+    proc = vramscope("run", "-q", "--json", str(out), str(SCRIPT), "--fail-at", "2")
+    assert proc.returncode == 1
+    assert "RuntimeError: failing on purpose" in proc.stderr
+    assert "vramscope/tracking" not in proc.stderr  # only the user's frames
+    report = json.loads(out.read_text())
+    assert report["exit"]["status"] == "error"
+    assert len(report["steps"]) == 3
+
+
+def test_ctrl_c_leaves_a_partial_report(tmp_path):
+    script = tmp_path / "interrupt.py"
+    script.write_text(
+        "import torch\nm = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(m.parameters())\n"
+        "for i in range(3):\n    m(torch.randn(2, 4)).sum().backward()\n    opt.step()\n"
+        "raise KeyboardInterrupt\n"
+    )
+    out = tmp_path / "r.json"
+    proc = vramscope("run", "-q", "--json", str(out), str(script))
+    assert proc.returncode == 130
+    report = json.loads(out.read_text())
+    assert report["exit"]["status"] == "interrupted"
+    assert len(report["steps"]) == 3
+
+
+def test_script_arguments_after_the_script_are_the_scripts(tmp_path):
+    out = tmp_path / "r.json"
+    proc = vramscope("run", "-q", "--json", str(out), str(SCRIPT), "--epochs", "2", "--batches", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "epoch 1 loss" in proc.stdout
+    report = json.loads(out.read_text())
+    assert [e["steps"] for e in report["epochs"]] == [3, 3]
+
+
+def test_measure_writes_json_and_report_rerenders_it(tmp_path):
+    out = tmp_path / "m.json"
+    proc = vramscope("measure", "example:cnn", "-b", "2", "--steps", "2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "What the peak is made of" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["schema"] == "vramscope.report/1" and len(report["steps"]) == 2
+    again = vramscope("report", str(out))
+    assert again.returncode == 0 and "example:cnn" in again.stdout
+
+
+def test_demo_runs_on_the_cpu_and_writes_vramscope_demo_json(tmp_path):
+    proc = vramscope("demo", "--steps", "2", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "vramscope-demo.json").read_text())
+    assert set(data["reports"]) == {"example:cnn", "example:gpt"}

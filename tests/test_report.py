@@ -1,0 +1,99 @@
+"""The Report model and the analysis over it, fed with reports recorded on an NVIDIA H200."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from vramscope.errors import VramscopeError
+from vramscope.report.findings import add_findings
+from vramscope.report.model import Report
+from vramscope.report.terminal import render
+from vramscope.tracking.sampler import SampleBuffer
+
+DATA = Path(__file__).parent / "data"
+
+
+def load(name: str) -> Report:
+    return Report.load(DATA / name)
+
+
+def test_json_round_trip_is_lossless(tmp_path):
+    report = load("report_h200_gpt.json")
+    path = report.save(tmp_path / "again.json")
+    again = Report.load(path)
+    assert again == report
+    assert again.save(tmp_path / "third.json").read_text() == path.read_text()
+
+
+def test_unknown_sections_from_newer_versions_are_kept(tmp_path):
+    data = json.loads((DATA / "report_h200_gpt.json").read_text())
+    data["schema"] = "vramscope.report/1.7"
+    data["future_section"] = {"x": 1}
+    report = Report.from_dict(data)
+    assert report.to_dict()["future_section"] == {"x": 1}
+
+
+def test_another_major_schema_is_refused():
+    with pytest.raises(VramscopeError, match="upgrade vramscope"):
+        Report.from_dict({"schema": "vramscope.report/2"})
+
+
+def test_recorded_gpu_report_has_the_contract_keys():
+    data = json.loads((DATA / "report_h200_gpt.json").read_text())
+    for key in ("schema", "kind", "workload", "device", "peak", "categories_at_peak", "phases", "modules", "steps"):
+        assert key in data
+    assert set(data["peak"]) >= {"allocated_bytes", "reserved_bytes", "device_used_bytes"}
+    assert data["device"]["name"] == "NVIDIA H200"
+
+
+def test_categories_at_the_peak_sum_to_the_peak():
+    report = load("report_h200_gpt.json")
+    assert report.categories_at_peak.total() == report.peak.allocated_bytes
+    assert report.peak.step == 1 and report.peak.phase == "backward"
+
+
+def test_reconciliation_from_tensors_to_the_device_total():
+    end = next(r for r in load("report_h200_gpt.json").reconciliation if r.moment == "end")
+    assert end.tensors.total() == end.allocated_bytes
+    assert end.allocated_bytes + end.slack.cached_free_bytes + end.slack.fragmentation_bytes == end.reserved_bytes
+    assert end.reserved_bytes + end.context_and_libraries_bytes == end.device_used_bytes
+    # the context and libraries on an H200 with torch 2.11: several hundred MiB
+    assert 500 * 2**20 < end.context_and_libraries_bytes < 1200 * 2**20
+
+
+def test_leak_is_found_with_its_rate_and_phase():
+    report = add_findings(load("report_h200_leak.json"))
+    leak = next(f for f in report.findings if f.kind == "leak")
+    assert leak.data["growth_per_step_bytes"] == 2 * 2**20
+    assert leak.data["phase"] == "optimizer"
+
+
+def test_no_leak_in_a_steady_run():
+    report = add_findings(load("report_h200_gpt.json"))
+    kinds = {f.kind for f in report.findings}
+    assert "leak" not in kinds
+    assert "first_step" in kinds  # AdamW state is created in step 0's optimizer phase
+    assert "empty_cache" in kinds
+
+
+def test_terminal_rendering_answers_the_nvidia_smi_question():
+    console = Console(record=True, width=120)
+    console.print(render(load("report_h200_gpt.json")))
+    text = console.export_text()
+    assert "Why nvidia-smi shows more than max_memory_allocated" in text
+    assert "context and libraries" in text and "NVIDIA H200" in text
+
+
+def test_sample_buffer_is_bounded_and_keeps_every_peak():
+    buffer = SampleBuffer(capacity=64)
+    for i in range(10_000):
+        value = 5000 if i == 7777 else i % 100
+        buffer.add((float(i), value, value, None, value))
+    samples = buffer.snapshot()
+    assert len(samples) <= 65
+    assert max(s[1] for s in samples) == 5000
+    assert samples[-1][0] >= 9_900

@@ -1,0 +1,144 @@
+"""Tracking real CPU runs: phases, steps, epochs, markers, and leaving torch as it was."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.modules import module as module_mod
+from torch.optim import optimizer as optimizer_mod
+from torch.utils.data import DataLoader, TensorDataset
+
+import vramscope
+from vramscope.examples import build_gpt
+from vramscope.workload import StepRunner
+
+CPU = torch.device("cpu")
+
+
+def small_loop(epochs: int = 2, batches: int = 3, accumulate: int = 1) -> list[float]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = torch.nn.CrossEntropyLoss()  # a parameter-free module: not a step of its own
+    data = TensorDataset(torch.randn(batches * 4 * accumulate, 8), torch.randint(0, 2, (batches * 4 * accumulate,)))
+    losses = []
+    for _ in range(epochs):
+        for i, (x, y) in enumerate(DataLoader(data, batch_size=4)):
+            loss = loss_fn(model(x), y) / accumulate
+            loss.backward()
+            if (i + 1) % accumulate == 0:
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.item())
+    return losses
+
+
+def test_phases_steps_and_epochs_are_found_without_code_changes():
+    with vramscope.track() as session:
+        small_loop(epochs=2, batches=3)
+    report = session.report()
+    train = [s for s in report.steps if s.mode == "train"]
+    assert len(train) == 6
+    assert [e.steps for e in report.epochs] == [3, 3]
+    names = [p.name for p in train[1].phases]
+    assert names == ["data", "zero_grad", "forward", "backward", "optimizer"]
+
+
+def test_accumulation_micro_batches_belong_to_one_step():
+    with vramscope.track() as session:
+        small_loop(epochs=1, batches=2, accumulate=3)
+    steps = session.report().steps
+    assert [s.micro_batches for s in steps] == [3, 3]
+
+
+def test_inference_forward_calls_are_steps():
+    model = torch.nn.Linear(4, 4)
+    with vramscope.track() as session, torch.no_grad():
+        for _ in range(5):
+            model(torch.randn(2, 4))
+    steps = session.report().steps
+    assert len(steps) == 5 and all(s.mode == "eval" for s in steps)
+
+
+def test_explicit_markers_take_over():
+    model = torch.nn.Linear(4, 4)
+    with vramscope.track() as session:
+        for _epoch in range(2):
+            for _ in range(2):
+                model(torch.randn(2, 4)).sum().backward()
+                model(torch.randn(2, 4)).sum().backward()
+                session.step()
+            session.epoch()
+    report = session.report()
+    assert [s.micro_batches for s in report.steps] == [2, 2, 2, 2]
+    assert [e.steps for e in report.epochs] == [2, 2]
+
+
+def test_tracking_does_not_change_the_loss():
+    plain = small_loop()
+    with vramscope.track():
+        tracked = small_loop()
+    assert plain == tracked
+
+
+def test_measure_gives_the_same_losses_as_an_untracked_run():
+    torch.manual_seed(0)
+    runner = StepRunner(build_gpt(2, CPU), CPU)
+    plain = [runner() for _ in range(2)]
+    torch.manual_seed(0)
+    report = vramscope.measure("example:gpt", batch_size=2, steps=2, device="cpu")
+    assert report.extra["losses"] == plain
+
+
+def test_every_hook_is_removed_also_after_an_exception():
+    backward, grad = torch.autograd.backward, torch.autograd.grad
+    zero_grad = torch.optim.Optimizer.zero_grad
+    try:
+        with vramscope.track():
+            small_loop(epochs=1, batches=1)
+            raise ValueError("user error")
+    except ValueError:
+        pass
+    assert torch.autograd.backward is backward and torch.autograd.grad is grad
+    assert torch.optim.Optimizer.zero_grad is zero_grad
+    assert not module_mod._global_forward_hooks and not module_mod._global_forward_pre_hooks
+    assert not optimizer_mod._global_optimizer_pre_hooks and not optimizer_mod._global_optimizer_post_hooks
+
+
+def test_no_reference_to_user_tensors_is_kept():
+    import gc
+    import weakref
+
+    model = torch.nn.Linear(4, 4)
+    with vramscope.track() as session:
+        x = torch.randn(2, 4)
+        model(x).sum().backward()
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None
+    session.report()
+
+
+def test_cpu_report_has_exact_object_categories_and_states_why_others_are_null():
+    report = vramscope.measure("example:gpt", batch_size=2, steps=2, device="cpu")
+    model = build_gpt(2, CPU).model
+    param_bytes = sum(p.numel() * 4 for p in model.parameters())  # tied weight counted once
+    cats = report.categories_at_peak
+    assert cats.parameters == param_bytes
+    assert cats.gradients == param_bytes
+    # AdamW: exp_avg and exp_avg_sq, plus one small `step` counter tensor per parameter
+    n_params = len(list(model.parameters()))
+    assert 2 * param_bytes < cats.optimizer_state <= 2 * param_bytes + 8 * n_params
+    assert report.peak.allocated_bytes is None
+    assert "CPU" in report.unavailable["peak.allocated_bytes"]
+    assert report.peak.host_rss_bytes > 0
+
+
+def test_profile_decorator_keeps_the_report():
+    @vramscope.profile(print_report=False)
+    def train():
+        small_loop(epochs=1, batches=2)
+        return "done"
+
+    assert train() == "done"
+    assert len(train.last_report.steps) == 2
