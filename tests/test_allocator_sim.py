@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import os
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -28,7 +29,8 @@ from vramscope.estimate.allocator import (
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
-DATA = Path(__file__).parent / "data"
+# VRAMSCOPE_ALLOC_TRACES=OUTDIR replays freshly recorded traces before they are copied here
+DATA = Path(os.environ.get("VRAMSCOPE_ALLOC_TRACES") or Path(__file__).parent / "data")
 
 
 def segment_layout(sim: CachingAllocatorSim) -> list[tuple[int, list[tuple[int, bool]]]]:
@@ -688,7 +690,8 @@ def load_fixture(name: str):
     with gzip.open(path, "rt") as f:
         doc = json.load(f)
     actions = doc["actions"]
-    entries = [(actions[a], addr, size, stream) for a, addr, size, stream in doc["trace"]]
+    handle = {index: int(raw) for raw, index in doc["streams"].items()}
+    entries = [(actions[a], addr, size, handle[s]) for a, addr, size, s in doc["trace"]]
     markers: dict[int, list[tuple]] = defaultdict(list)
     for cp in doc["checkpoints"]:
         markers[cp["trace_len"]].extend(

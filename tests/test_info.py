@@ -182,11 +182,16 @@ def test_recorded_probe_shows_context_and_library_cost() -> None:
     reading = recorded()["readings"][-1]
     probe = reading["probe"]
     assert probe is not None and probe["available"]
-    context = probe["stages"][2]
-    matmul = probe["stages"][3]
+    before, _init, context, matmul = probe["stages"]
+
+    def used(stage: dict[str, Any]) -> int:
+        if probe["method"] == "process":
+            return stage["process_used_bytes"]
+        return stage["device_used_bytes"] - before["device_used_bytes"]  # in a container
+
     # the reported costs are what the stages say: device memory outside the allocator
-    assert probe["context_bytes"] == context["process_used_bytes"] - context["reserved_bytes"]
-    outside_after_matmul = matmul["process_used_bytes"] - matmul["reserved_bytes"]
+    assert probe["context_bytes"] == used(context) - context["reserved_bytes"]
+    outside_after_matmul = used(matmul) - matmul["reserved_bytes"]
     assert probe["libraries_bytes"] == outside_after_matmul - probe["context_bytes"]
     text = render_text(render_info(SystemInfo.from_dict(reading)), width=140)
     assert f"CUDA context: {format_bytes(probe['context_bytes'])}" in text

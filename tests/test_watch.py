@@ -184,12 +184,12 @@ def test_recorded_h200_full_frame() -> None:
     assert "Host memory" in text
     for proc in gpu.processes:
         assert str(proc.pid) in text
-    # the memory history has one mark per reading, the last (largest) one full height
-    readings = len(view.memory_history[gpu.index])
+    # the memory history has one mark per reading, the largest one full height
+    values = list(view.memory_history[gpu.index])
     history = next(line for line in text.splitlines() if "≤" in line)
     marks = history.split("≤")[0].split()[-1]
     assert set(marks) <= set(SPARK)
-    assert len(marks) == readings and marks[-1] == SPARK[-1]
+    assert len(marks) == len(values) and marks[values.index(max(values))] == SPARK[-1]
 
 
 def test_recorded_h200_compact_frame_when_the_terminal_is_small() -> None:
@@ -220,7 +220,7 @@ class Tmux:
     """A private tmux server running one command in a pane of a given size."""
 
     def __init__(self, tmp_path: Path, command: str, width: int = 120, height: int = 40) -> None:
-        self.socket = f"vramscope-test-{os.getpid()}-{time.monotonic_ns()}"
+        self.socket = str(tmp_path / "tmux.sock")  # a private server, gone with tmp_path
         self.done = tmp_path / "done"
         self.stty = tmp_path / "stty"
         script = f"{command}; echo $? > {self.done}.tmp; stty -a > {self.stty}; "
@@ -229,7 +229,7 @@ class Tmux:
 
     def tmux(self, *args: str) -> str:
         done = subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10
+            ["tmux", "-S", self.socket, *args], capture_output=True, text=True, timeout=10
         )
         return done.stdout
 

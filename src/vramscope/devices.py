@@ -525,6 +525,8 @@ def versions(include_torch: bool = True) -> dict[str, str | None]:
             found["cudnn"] = _cudnn_version(torch)
         except ImportError:
             found["torch"] = None
+        except Exception as exc:  # a broken install (missing CUDA libraries) must not stop info
+            found["torch"] = f"{found['torch'] or '?'} (cannot import: {exc})"
     return found
 
 

@@ -661,10 +661,10 @@ def w_gc_threshold(torch, rec):
     rng = random.Random(5)
     rec.cp("capped", after=(("fraction", rec.fraction_for(1024 * MiB)),))
     keep = []
-    for round_ in range(6):
+    for round_ in range(8):
         batch = []
-        for _ in range(12):
-            nbytes = rng.choice([12, 16, 24, 30, 40]) * MiB + rng.randint(0, MiB)
+        for _ in range(14):
+            nbytes = rng.choice([12, 16, 24, 30, 40, 56]) * MiB + rng.randint(0, MiB)
             batch.append(torch.empty(nbytes, dtype=torch.uint8, device=dev))
         keep.append(batch.pop(rng.randrange(len(batch))))
         del batch

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import platform
 import select
 import signal
 import sys
@@ -100,10 +101,13 @@ class WatchView:
     # ---- reading -------------------------------------------------------------------------
     def refresh(self) -> SystemInfo:
         """Read everything once and add it to the history."""
-        gpus = devices(self.index)
+        try:
+            gpus = devices(self.index)
+        except VramscopeError:  # the GPU went away while we watched: show what is left
+            gpus = []
         info = SystemInfo(
             taken_at=time.time(),
-            hostname=os.uname().nodename,
+            hostname=platform.node(),
             nvml_unavailable_reason=self._nvml_reason,
             versions=self._versions,
             devices=gpus,

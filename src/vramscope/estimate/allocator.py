@@ -511,10 +511,6 @@ class SegmentInfo:
         return sum(b.size for b in self.blocks if b.allocated)
 
 
-def _key(b: _Block) -> int:
-    return (b.stream << _STREAM_SHIFT) | (b.size << _ADDR_BITS) | b.addr
-
-
 def _key_size(key: int) -> int:
     return (key >> _ADDR_BITS) & (_ADDR_LIMIT - 1)
 
@@ -1383,34 +1379,41 @@ def events_from_device_trace(
     ``free_completed`` (the moment the block is back in its pool) a free event, an ``oom`` an
     alloc event expected to fail; frees of blocks allocated before the trace began are
     dropped.  ``markers`` maps a trace position to events inserted before that entry (a position
-    equal to the trace's length appends).  Streams are renumbered in order of appearance, the
-    default stream (handle 0) staying 0.  ``device_total_bytes`` (the GPU's memory) and
-    ``large_segment_size`` tell expandable-segment reservations apart, to collect their base
-    addresses.
+    equal to the trace's length appends).  Streams are renumbered 0, 1, ... in the order of
+    their handles, as the allocator orders them (the default stream, handle 0, stays 0).
+    ``device_total_bytes`` (the GPU's memory) and ``large_segment_size`` tell
+    expandable-segment reservations apart, to collect their base addresses.
     """
     markers = markers or {}
     total = device_total_bytes or _DEFAULT_DEVICE_TOTAL
+    rows: list[tuple[str, int, int, int]] = []
+    for entry in entries:
+        if isinstance(entry, Mapping):
+            rows.append(
+                (
+                    entry["action"],
+                    int(entry.get("addr", 0) or 0),
+                    int(entry.get("size", 0) or 0),
+                    int(entry.get("stream", 0) or 0),
+                )
+            )
+        else:
+            rows.append((entry[0], int(entry[1]), int(entry[2]), int(entry[3])))
+    # the allocator orders free blocks by stream handle: keep that order in the numbering
+    streams = {raw: i for i, raw in enumerate(sorted({0} | {r[3] for r in rows}))}
     events: list[tuple[Any, ...]] = []
     alloc_addresses: list[int | None] = []
     segment_log: list[tuple[str, int, int, int]] = []
     segment_addresses: list[int] = []
-    streams: dict[int, int] = {0: 0}
     live: dict[int, int] = {}
     reservations: list[list[int]] = []  # [base, end, mapped bytes]
     next_id = 0
     ooms = 0
     position = -1
-    for position, entry in enumerate(entries):
+    for position, (action, addr, size, raw_stream) in enumerate(rows):
         if position in markers:
             events.extend(markers[position])
-        if isinstance(entry, Mapping):
-            action = entry["action"]
-            addr = int(entry.get("addr", 0) or 0)
-            size = int(entry.get("size", 0) or 0)
-            raw_stream = int(entry.get("stream", 0) or 0)
-        else:
-            action, addr, size, raw_stream = entry[0], int(entry[1]), int(entry[2]), int(entry[3])
-        stream = streams.setdefault(raw_stream, len(streams))
+        stream = streams[raw_stream]
         if action == "alloc":
             next_id += 1
             live[addr] = next_id

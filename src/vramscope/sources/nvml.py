@@ -227,9 +227,10 @@ class NvmlDevice:
     def process_used_bytes(self, pid: int | None = None) -> int | None:
         """Device memory of one process (this one by default), as nvidia-smi shows it.
 
-        Inside a container NVML may list host PIDs; when exactly one process is listed
-        and our PID is not among them, that one process is taken to be us only if the
-        caller passes ``pid=None`` and ``VRAMSCOPE_NVML_SINGLE_PROCESS`` is not ``0``.
+        Inside a container NVML may list host PIDs. When exactly one process is listed,
+        our PID is not among them, and that PID does not exist in our PID namespace (so it
+        cannot be some other local process), it is taken to be us; set
+        ``VRAMSCOPE_NVML_SINGLE_PROCESS=0`` to turn that off.
         """
         own = os.getpid() if pid is None else pid
         procs = self.processes()
@@ -240,6 +241,7 @@ class NvmlDevice:
             pid is None
             and len(procs) == 1
             and os.environ.get("VRAMSCOPE_NVML_SINGLE_PROCESS") != "0"
+            and not _pid_exists_here(procs[0].pid)
         ):
             return procs[0].used_bytes
         return None
@@ -306,6 +308,16 @@ class NvmlDevice:
                 continue
             found.append(NvmlDevice(slot, handle))
         return found
+
+
+def _pid_exists_here(pid: int) -> bool:
+    """Whether ``pid`` names a process in our PID namespace."""
+    try:
+        import psutil
+
+        return psutil.pid_exists(pid)
+    except Exception:
+        return os.path.exists(f"/proc/{pid}")
 
 
 def device_count() -> int:
