@@ -11,6 +11,7 @@ __all__ = [
     "Session",
     "Workload",
     "__version__",
+    "devices",
     "measure",
     "profile",
     "track",
@@ -34,6 +35,10 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     """Import the public API lazily, so ``vramscope info`` starts without loading torch."""
+    if name == "devices":  # a callable module: vramscope.devices() and vramscope.devices.host()
+        import importlib
+
+        return importlib.import_module("vramscope.devices")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'vramscope' has no attribute {name!r}")
