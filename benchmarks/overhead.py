@@ -6,6 +6,12 @@ synchronized at its edges; the overhead is the ratio of the median per-step time
 Also prints the cost of one allocator read, vramscope's way and torch.cuda's.
 
 Usage: python benchmarks/overhead.py [--quick] [--out results.json] [--only NAME ...]
+       [--methods default modules lines memtracker profiler naive-hooks]
+
+``--methods`` compares, for the same workloads in the same process, vramscope's default,
+``--detail modules`` and ``--detail lines``, MemTracker (real tensors), torch.profiler with
+memory/shapes/stacks and naive per-module forward hooks reading memory_allocated(). A
+method that fails prints an error row and the run goes on.
 """
 
 from __future__ import annotations
@@ -114,6 +120,175 @@ def bench_workload(name: str, builder: Callable, batch: int, rounds: int, steps:
     return result
 
 
+# ---- --methods: the ways to see memory, side by side ----------------------------------------
+
+METHODS = ("default", "modules", "lines", "memtracker", "profiler", "naive-hooks")
+SLOW_METHODS = ("memtracker", "profiler")  # fewer rounds and steps: they are 2-30x slower
+
+
+class _NaiveHooks:
+    """Forward pre/post hooks on every module reading torch.cuda.memory_allocated()."""
+
+    def __enter__(self) -> _NaiveHooks:
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        self.readings: list[int] = []
+        read = self.readings.append
+        self.handles = [
+            register_module_forward_pre_hook(lambda m, a: read(torch.cuda.memory_allocated())),
+            register_module_forward_hook(lambda m, a, o: read(torch.cuda.memory_allocated())),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _method_context(method: str, name: str):
+    """(context manager, called after every step or None) for one method."""
+    if method == "default":
+        return vramscope.track(name=name), None
+    if method == "modules":
+        return vramscope.track(name=name, detail="modules"), None
+    if method == "lines":
+        return (
+            vramscope.track(
+                name=name, detail="lines", lines_of=[StepRunner.__call__, StepRunner.micro_batch]
+            ),
+            None,
+        )
+    if method == "memtracker":
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        return tracker, tracker.reset_mod_stats
+    if method == "profiler":
+        from torch.profiler import ProfilerActivity, profile
+
+        return (
+            profile(
+                activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                profile_memory=True,
+                record_shapes=True,
+                with_stack=True,
+            ),
+            None,
+        )
+    if method == "naive-hooks":
+        return _NaiveHooks(), None
+    raise ValueError(f"unknown method {method!r}; use {', '.join(METHODS)}")
+
+
+def timed_block_with(runner: StepRunner, steps: int, after_step) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        runner()
+        if after_step is not None:
+            after_step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
+
+
+def bench_methods(
+    name: str, builder: Callable, batch: int, methods: list[str], rounds: int, steps: int
+) -> dict:
+    """Baseline and each method, interleaved (order rotated per round), in one process."""
+    device = torch.device("cuda")
+    w = builder(batch, device)
+    runner = StepRunner(w, device)
+    for _ in range(3):
+        runner()
+    times: dict[str, list[float]] = {"base": []}
+    errors: dict[str, str] = {}
+    order = ["base", *methods]
+    for r in range(rounds):
+        shift = r % len(order)
+        for method in order[shift:] + order[:shift]:
+            if method in errors:
+                continue
+            slow = method in SLOW_METHODS
+            if slow and r >= 2:
+                continue
+            n = min(steps, 3) if slow else steps
+            try:
+                if method == "base":
+                    times["base"].append(timed_block(runner, n))
+                    continue
+                context, after = _method_context(method, name)
+                with context:
+                    value = timed_block_with(runner, n, after)
+                times.setdefault(method, []).append(value)
+            except Exception as exc:  # one failing method must not stop the others
+                errors[method] = f"{type(exc).__name__}: {exc}"[:300]
+                if w.optimizer is not None:
+                    w.optimizer.zero_grad(set_to_none=True)
+    base = statistics.median(times["base"])
+    result: dict = {
+        "workload": name,
+        "batch_size": batch,
+        "step_ms_baseline": round(base * 1000, 3),
+        "baseline_spread_pct": round(100 * (max(times["base"]) - min(times["base"])) / base, 2),
+        "rounds": rounds,
+        "steps_per_block": steps,
+        "methods": {},
+    }
+    for method in methods:
+        if method in errors:
+            result["methods"][method] = {"error": errors[method]}
+            continue
+        t = statistics.median(times[method])
+        result["methods"][method] = {
+            "step_ms": round(t * 1000, 3),
+            "overhead_pct": round(100 * (t - base) / base, 2),
+            "blocks": len(times[method]),
+        }
+    default = result["methods"].get("default", {})
+    if "step_ms" in default:  # the keys of the default comparison, kept
+        result["step_ms_tracked"] = default["step_ms"]
+        result["overhead_pct"] = default["overhead_pct"]
+    del runner, w
+    torch.cuda.empty_cache()
+    return result
+
+
+def print_methods(results: list[dict], methods: list[str], meta: dict) -> None:
+    print(f"\n{'workload':28s} {'base ms':>9s}" + "".join(f" {m:>16s}" for m in methods))
+    for r in results:
+        if "error" in r:
+            print(f"{r['workload']:28s} ERROR {r['error']}")
+            continue
+        cells = []
+        for m in methods:
+            x = r["methods"].get(m, {})
+            cells.append(
+                f" {'ERROR':>16s}"
+                if "error" in x
+                else f" {x['step_ms']:8.2f} {x['overhead_pct']:+6.1f}%"
+            )
+        print(f"{r['workload']:28s} {r['step_ms_baseline']:9.2f}" + "".join(cells))
+    for r in results:
+        for m, x in r.get("methods", {}).items():
+            if "error" in x:
+                print(f"  {r['workload']} / {m}: {x['error']}")
+    print()
+    for m in methods:
+        values = [
+            r["methods"][m]["overhead_pct"]
+            for r in results
+            if "methods" in r and "overhead_pct" in r["methods"].get(m, {})
+        ]
+        if values:
+            print(
+                f"{m:12s} median overhead {statistics.median(values):7.2f}%, "
+                f"worst {max(values):7.2f}%  ({meta['gpu']}, torch {meta['torch']})"
+            )
+
+
 def read_costs(n: int = 2000) -> dict:
     index = torch.cuda.current_device()
     costs = {}
@@ -136,16 +311,27 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", nargs="*")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=METHODS,
+        help="compare these ways of seeing memory (default: vramscope's default only)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("overhead.py needs a CUDA device")
     rounds, steps = (4, 5) if args.quick else (8, 8)
+    if args.methods:
+        rounds, steps = (4, 4) if args.quick else (6, 6)
     results = []
     for name, (builder, batch) in WORKLOADS.items():
         if args.only and name not in args.only:
             continue
         try:
-            results.append(bench_workload(name, builder, batch, rounds, steps))
+            if args.methods:
+                results.append(bench_methods(name, builder, batch, args.methods, rounds, steps))
+            else:
+                results.append(bench_workload(name, builder, batch, rounds, steps))
         except Exception as exc:  # report and go on with the next workload
             results.append({"workload": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         print(json.dumps(results[-1]), flush=True)
@@ -160,6 +346,13 @@ def main() -> None:
         "python": platform.python_version(),
         "vramscope": vramscope.__version__,
     }
+    if args.methods:
+        print_methods(results, args.methods, meta)
+        if args.out:
+            Path(args.out).write_text(
+                json.dumps({"meta": meta, "read_cost_us": costs, "results": results}, indent=1)
+            )
+        return
     print("\nread cost (µs per call):")
     for label, us in costs.items():
         print(f"  {label:45s} {us:8.2f}")

@@ -174,7 +174,7 @@ class StepRunner:
             self.scaler.update()
         else:
             w.optimizer.step()
-        w.optimizer.zero_grad(set_to_none=True)
+        w.optimizer.zero_grad(set_to_none=w.meta.get("zero_grad_set_to_none", True))
         return total
 
 

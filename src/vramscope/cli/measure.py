@@ -7,6 +7,7 @@ import sys
 import click
 
 from vramscope.cli.common import check_paths, emit, output_options
+from vramscope.cli.run import detail_options
 from vramscope.tracking.runner import measure
 
 
@@ -60,6 +61,7 @@ def workload_options(func):
     show_default=True,
     help="Timeline sampling interval in seconds.",
 )
+@detail_options
 @output_options
 def command(
     workload: str,
@@ -70,6 +72,10 @@ def command(
     steps: int,
     device: str | None,
     interval: float,
+    detail: str,
+    depth: int,
+    lines_of: tuple[str, ...],
+    snapshot_path: str | None,
     json_path: str | None,
     html_path: str | None,
     trace_path: str | None,
@@ -78,7 +84,7 @@ def command(
 ) -> None:
     """Build WORKLOAD (path/to/file.py:function or example:cnn, example:gpt, ...) and
     measure STEPS real steps on the local device, the first step included."""
-    check_paths(json_path, html_path, trace_path, csv_path)
+    check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
     report = measure(
         workload,
         batch_size=batch_size,
@@ -88,8 +94,14 @@ def command(
         accumulate=accumulate,
         allocator_config=allocator_config,
         interval_s=interval,
+        detail="modules" if snapshot_path and detail == "default" else detail,
+        depth=depth,
+        lines_of=list(lines_of) or None,
+        snapshot=snapshot_path,
     )
     emit(report, json_path, html_path, trace_path, csv_path, quiet)
+    if report.extra.get("snapshot"):
+        click.echo(f"vramscope: wrote {report.extra['snapshot']}", err=True)
     if report.exit.status != "ok":
         click.echo(
             f"vramscope: the run ended early ({report.exit.status}): {report.exit.error}", err=True

@@ -243,6 +243,143 @@ def _findings(report: Report) -> Group | None:
     return Group(Text("Findings", style="bold"), *lines)
 
 
+# ---- attribution (issue 3): module tree, peak tensors, line tables ----------------------------
+
+
+def _module_table(report: Report) -> Table:
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        title="Modules (largest first; activations: saved for backward; temps: peak inside)",
+    )
+    for col in (
+        "module",
+        "params",
+        "grads",
+        "optim",
+        "activations",
+        "fwd temps",
+        "bwd temps",
+        "of peak",
+        "calls",
+    ):
+        t.add_column(col, justify="left" if col == "module" else "right", no_wrap=True)
+    for m in report.modules:
+        name = m.get("name") or ""
+        depth = m.get("depth", 0) or 0
+        label = name.rsplit(".", 1)[-1] if depth > 1 else name
+        if not name:
+            label = m.get("class", "model")
+        elif m.get("class"):
+            label = f"{label} ({m['class']})"
+        calls = str(m.get("calls") or "")
+        if m.get("recomputed"):
+            calls += f" +{m['recomputed']} recomputed"
+        t.add_row(
+            "  " * depth + label,
+            _bz(m.get("parameters_bytes")),
+            _bz(m.get("gradients_bytes")),
+            _bz(m.get("optimizer_state_bytes")),
+            _bz(m.get("activations_bytes")),
+            _bz(m.get("forward_temporaries_peak_bytes")),
+            _bz(m.get("backward_temporaries_peak_bytes")),
+            f"{100 * (m.get('share_of_peak') or 0):.1f}%",
+            calls,
+        )
+    return t
+
+
+def _bz(value: int | None) -> str:
+    return b(value) if value else ""
+
+
+def _peak_tensor_table(tensors: list[dict]) -> Table:
+    t = Table(box=box.SIMPLE_HEAD, title="The tensors that made the peak (largest first)")
+    for col in ("bytes", "category", "tensor / module", "phase", "shape", "created at"):
+        t.add_column(col, justify="right" if col == "bytes" else "left", no_wrap=col == "bytes")
+    for x in tensors:
+        module = x.get("name") or x.get("module") or ""
+        shape = "×".join(str(d) for d in x["shape"]) if x.get("shape") is not None else ""
+        if x.get("dtype"):
+            shape = f"{shape} {x['dtype']}".strip()
+        line = x.get("line") or ""
+        if line:  # file:line (function), the file without its folder
+            where, _, func = line.partition(" ")
+            path, _, number = where.rpartition(":")
+            line = f"{path.rsplit('/', 1)[-1]}:{number} {func}"
+        t.add_row(
+            b(x.get("bytes")),
+            (x.get("category") or "").replace("_", " "),
+            module,
+            x.get("phase") or "",
+            shape,
+            line,
+        )
+    return t
+
+
+def _line_table(table: dict) -> Table:
+    device = "GPU" if str(table.get("device", "")).startswith("cuda") else "tensor"
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        title=f"{table.get('function')} — {table.get('file')}",
+        caption=f"Mem usage: {device} memory allocated at the line's end / its peak while it ran; "
+        "Increment: net change, summed over hits; host RSS likewise",
+    )
+    for col in (
+        "Line #",
+        "Hits",
+        "Mem usage",
+        "Peak",
+        "Increment",
+        "Host RSS",
+        "RSS incr.",
+        "Line Contents",
+    ):
+        if col == "Line Contents":
+            t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=90)
+        else:
+            t.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+    rows = table.get("lines", [])
+    if len(rows) > 60:  # a whole script: the lines that ran
+        rows = [r for r in rows if "hits" in r]
+    for row in rows:
+        ran = "hits" in row
+        t.add_row(
+            str(row["line"]),
+            str(row.get("hits", "")),
+            b(row.get("end_bytes")) if ran else "",
+            b(row.get("peak_bytes")) if ran else "",
+            _signed(row.get("increment_bytes")) if ran else "",
+            b(row.get("host_rss_bytes")) if ran else "",
+            _signed(row.get("host_increment_bytes")) if ran else "",
+            Text(row.get("contents", "")),
+        )
+    return t
+
+
+def _signed(value: int | None) -> str:
+    if value is None:
+        return ""
+    return ("-" if value < 0 else "+") + b(abs(value)) if value else "0 B"
+
+
+def _attribution_parts(report: Report) -> list:
+    parts: list = []
+    if report.modules:
+        parts.append(_module_table(report))
+    tensors = report.extra.get("peak_tensors")
+    if tensors:
+        parts.append(_peak_tensor_table(tensors[:10]))
+    for table in report.extra.get("lines") or []:
+        parts.append(_line_table(table))
+    for note in report.extra.get("attribution_notes") or []:
+        parts.append(Text(f"attribution: {note}", style="dim"))
+    return parts
+
+
+# ---- end attribution ---------------------------------------------------------------------------
+
+
 def render(report: Report) -> Group:
     parts: list = [Panel(_header(report), box=box.ROUNDED)]
     parts.append(_peak_table(report))
@@ -264,6 +401,7 @@ def render(report: Report) -> Group:
     parts.append(_category_table(report))
     if report.categories_note:
         parts.append(Text(report.categories_note, style="dim"))
+    parts.extend(_attribution_parts(report))  # attribution: empty without --detail
     for rec in report.reconciliation:
         parts.append(_reconciliation_table(rec))
     for field, why in report.unavailable.items():

@@ -81,6 +81,16 @@ def run_script(script: str | Path, args: list[str], session: Session) -> tuple[R
     return session.report(), code
 
 
+def _source_file(builder: Any) -> Any:
+    """The file that defines a build function (its lines are the workload's own)."""
+    import inspect
+
+    try:
+        return inspect.getsourcefile(inspect.unwrap(builder)) or builder
+    except TypeError:
+        return builder
+
+
 def measure(
     workload: str | Any,
     batch_size: int,
@@ -90,11 +100,17 @@ def measure(
     accumulate: int | None = None,
     allocator_config: str | None = None,
     interval_s: float = 0.1,
+    detail: str = "default",
+    depth: int = 3,
+    lines_of: list[Any] | None = None,
+    snapshot: str | None = None,
 ) -> Report:
     """Build a workload and measure ``steps`` real steps, the first included.
 
     ``workload`` is a spec (``file.py:fn``, ``example:cnn``…) or a build function.
     An out-of-memory error leaves an OOM report (``report.exit.status == "oom"``).
+    ``detail``, ``depth``, ``lines_of`` and ``snapshot`` are the Session's attribution
+    options; lines default to the file that defines the workload.
     """
     if not isinstance(steps, int) or steps < 1:
         raise VramscopeError(f"steps must be 1 or more, not {steps!r}")
@@ -112,6 +128,10 @@ def measure(
             "steps": steps,
             "allocator_config": allocator_config,
         },
+        detail=detail,
+        depth=depth,
+        lines_of=lines_of or ([_source_file(spec.builder)] if detail == "lines" else None),
+        snapshot=snapshot,
     )
     losses: list[float | None] = []
     session.start()

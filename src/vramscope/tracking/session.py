@@ -74,11 +74,17 @@ class Session:
         status: bool = True,
         hooks: bool = True,
         manual_steps: bool = False,
+        depth: int = 3,
+        lines_of: list[Any] | None = None,
+        snapshot: str | None = None,
     ) -> None:
-        if detail not in ("default",):
-            from vramscope.errors import VramscopeError
+        # -- attribution (issue 3): detail="modules"/"lines", see tracking/attribution.py --
+        from vramscope.tracking.attribution import check_detail
 
-            raise VramscopeError(f"unknown detail {detail!r}; this version supports 'default'")
+        check_detail(detail, depth)
+        self._attribution: Any = None
+        self._attribution_options = {"depth": depth, "lines_of": lines_of, "snapshot": snapshot}
+        # -- end attribution --
         self.name = name
         self.workload_info = dict(workload or {})
         self.detail = detail
@@ -93,6 +99,7 @@ class Session:
         self._rss_main = ProcessTreeRss()
         self._rss_sampler = ProcessTreeRss()
         self._device_index: int | None = None
+        self._device_uuid: str | None = None
         self._nvml_device: nvml.NvmlDevice | None = None
         self._running = False
         self._t0 = 0.0
@@ -152,6 +159,10 @@ class Session:
         if self._use_hooks:
             self._hooks = GlobalHooks(self)
             self._hooks.install()
+        if self.detail != "default" or self._attribution_options["snapshot"]:  # attribution
+            from vramscope.tracking.attribution import start_recorder
+
+            self._attribution = start_recorder(self)
         if self._use_status:
             self._status = _open_status(self)
         self._sampler = Sampler(
@@ -176,6 +187,10 @@ class Session:
                     self._sampler.sample_now()
             self._final = self._final_readings(reading)
         finally:
+            if self._attribution is not None:  # attribution: remove its hooks first
+                from vramscope.tracking.attribution import stop_recorder
+
+                stop_recorder(self)
             if self._hooks is not None:
                 self._hooks.remove()
             if self._sampler is not None:
@@ -259,8 +274,8 @@ class Session:
             index = torch.cuda.current_device()
         self._device_index = index
         with contextlib.suppress(Exception):
-            uuid = str(torch.cuda.get_device_properties(index).uuid)
-            self._nvml_device = nvml.device_by_uuid(uuid)
+            self._device_uuid = "GPU-" + str(torch.cuda.get_device_properties(index).uuid)
+            self._nvml_device = nvml.device_by_uuid(self._device_uuid)
         return True
 
     def _read(self, reset: bool) -> AllocatorReading | None:
@@ -298,6 +313,7 @@ class Session:
                 host_rss_bytes=sample[4],
                 peak_allocated_bytes=max(self._peak_allocated, 0) or None,
                 device=self._device_index,
+                device_uuid=self._device_uuid,
             )
 
     # ---- phase and step bookkeeping -------------------------------------------------------
@@ -315,6 +331,8 @@ class Session:
             self._finish_step(now, reading)
             self._begin_step(now, reading)
         self._phase = PhaseRecord(name, now, reading.allocated_bytes if reading else None)
+        if self._attribution is not None:  # attribution: a phase marker
+            self._attribution.on_phase(name)
 
     def _close_phase(self, now: float, reading: AllocatorReading | None) -> None:
         phase, step = self._phase, self._step
@@ -383,6 +401,8 @@ class Session:
             start_allocated=reading.allocated_bytes if reading else None,
         )
         self._markers.append({"kind": "step", "index": index, "t": now - self._t0})
+        if self._attribution is not None:  # attribution: a step marker
+            self._attribution.on_step(index)
 
     def _new_epoch(self) -> None:
         self._epoch += 1
@@ -544,6 +564,10 @@ class Session:
             from vramscope.tracking.assemble import assemble_report
 
             self._report = assemble_report(self)
+            if self._attribution is not None:  # attribution: modules, lines, snapshot
+                from vramscope.tracking.attribution import attach_attribution
+
+                attach_attribution(self, self._report)
         return self._report
 
 
@@ -607,20 +631,50 @@ def track(
     interval_s: float = 0.1,
     name: str | None = None,
     detail: str = "default",
+    depth: int = 3,
+    lines_of: list[Any] | None = None,
+    snapshot: str | None = None,
 ) -> Session:
-    """Track the memory of a block of code: ``with vramscope.track() as session: ...``."""
-    return Session(device=device, interval_s=interval_s, name=name, detail=detail)
+    """Track the memory of a block of code: ``with vramscope.track() as session: ...``.
+
+    ``detail="modules"`` adds the module tree and exact categories at the peak;
+    ``detail="lines"`` also line tables of ``lines_of`` (functions, files or names);
+    ``snapshot`` writes a memory_viz snapshot when the report is made.
+    """
+    return Session(
+        device=device,
+        interval_s=interval_s,
+        name=name,
+        detail=detail,
+        depth=depth,
+        lines_of=lines_of,
+        snapshot=snapshot,
+    )
 
 
 def profile(
-    func: F | None = None, *, print_report: bool = True, json_path: str | None = None
+    func: F | None = None,
+    *,
+    print_report: bool = True,
+    json_path: str | None = None,
+    lines: bool = False,
+    detail: str | None = None,
 ) -> Any:
-    """Decorator: track each call of ``func``; the report is kept on ``func.last_report``."""
+    """Decorator: track each call of ``func``; the report is kept on ``func.last_report``.
+
+    ``lines=True`` adds a line table of ``func`` (peak and change of allocated memory
+    and host RSS per line, like memory_profiler); ``detail="modules"`` the module tree.
+    """
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            session = Session(name=fn.__qualname__, workload={"spec": fn.__qualname__})
+            session = Session(
+                name=fn.__qualname__,
+                workload={"spec": fn.__qualname__},
+                detail="lines" if lines else (detail or "default"),
+                lines_of=[fn] if lines else None,
+            )
             try:
                 with session:
                     return fn(*args, **kwargs)

@@ -1,0 +1,241 @@
+"""The attribution event log: allocations, frees and markers of one run, in one order.
+
+Both sources write this one format. On CUDA the allocator's own trace
+(``torch.cuda.memory._record_memory_history``) holds the allocations and frees, and the
+hooks' markers are merged into it after the run (:func:`merge_allocator_trace`); on the CPU
+a dispatch mode appends allocations and frees to the very list the markers go to. The
+analysis (:mod:`vramscope.report.modules`) reads only this log, so it is tested on CPU runs
+and on traces recorded on a GPU alike. Plain data: no torch here.
+
+A record is a list whose first element says what it is:
+
+=======  ==========================================  =========================================
+kind     fields                                       meaning
+=======  ==========================================  =========================================
+``a``    block, addr, size, frame, shape, dtype       a block is allocated (frame: index into
+                                                      ``frames`` or -1; shape/dtype or None)
+``f``    block                                        the block is freed
+``m``    module                                       a module's forward begins
+``x``    module                                       a module's forward ends
+``b``    module                                       the gradient reaches a module's output
+``p``    phase name                                   the session's phase changes
+``s``    step index                                   a new step begins
+``k``    census                                       objects seen here: ``censuses[census]``
+``c``    code                                         a profiled function is entered
+``l``    code, line, rss, maxrss                      a profiled line begins (host RSS, peak RSS)
+``r``    code, rss, maxrss                            a profiled function returns
+=======  ==========================================  =========================================
+
+A census entry is ``[addr, category, module, name, shape, dtype]``: the tensor whose storage
+starts at ``addr`` is a parameter, buffer, gradient or optimizer state of ``module``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "vramscope.events/1"
+
+ALLOC, FREE = "a", "f"
+ENTER, EXIT, BACKWARD = "m", "x", "b"
+PHASE, STEP, CENSUS = "p", "s", "k"
+CALL, LINE, RETURN = "c", "l", "r"
+MARKER_KINDS = frozenset({ENTER, EXIT, BACKWARD, PHASE, STEP, CENSUS, CALL, LINE, RETURN})
+
+
+@dataclass
+class EventLog:
+    """One run's allocations, frees and markers, ready for the analysis."""
+
+    source: str = "cpu-dispatch"  # "cuda-trace" | "cpu-dispatch"
+    device: str = "cpu"
+    records: list[list[Any]] = field(default_factory=list)
+    baseline: list[list[int]] = field(default_factory=list)  # [block, addr, size] live before
+    modules: list[dict[str, Any]] = field(default_factory=list)
+    frames: list[list[Any]] = field(default_factory=list)  # [filename, line, function]
+    codes: list[dict[str, Any]] = field(default_factory=list)
+    censuses: list[list[list[Any]]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["schema"] = SCHEMA
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EventLog:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"not a vramscope event log (schema {data.get('schema')!r})")
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def save(self, path: str | Path) -> Path:
+        target = Path(path)
+        text = json.dumps(self.to_dict(), separators=(",", ":"))
+        if target.suffix == ".gz":
+            target.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+        else:
+            target.write_text(text, encoding="utf-8")
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path) -> EventLog:
+        source = Path(path)
+        raw = source.read_bytes()
+        if source.suffix == ".gz":
+            raw = gzip.decompress(raw)
+        return cls.from_dict(json.loads(raw.decode("utf-8")))
+
+
+def trim_records(
+    records: list[list[Any]], baseline: list[list[int]], cut: int
+) -> tuple[list[list[Any]], list[list[int]]]:
+    """Drop ``records[:cut]``; the blocks still live at the cut become the new baseline.
+
+    Used to bound a long run: the log keeps its newest steps, and what was allocated
+    before them is still counted (as live before the log begins).
+    """
+    live: dict[int, list[int]] = {b[0]: b for b in baseline}
+    for record in records[:cut]:
+        kind = record[0]
+        if kind == ALLOC:
+            live[record[1]] = [record[1], record[2], record[3]]
+        elif kind == FREE:
+            live.pop(record[1], None)
+    return records[cut:], list(live.values())
+
+
+# ---- the CUDA allocator's trace, merged with the markers --------------------------------------
+
+TRACE_ALLOC = "alloc"
+TRACE_FREES = ("free_requested", "free_completed")
+METADATA_KEYS = ("user_metadata", "metadata")
+BASELINE_BLOCKS = 1 << 40
+
+
+def _is_library_file(filename: str, library_dirs: tuple[str, ...]) -> bool:
+    return (
+        not filename
+        or filename.startswith("<")
+        or any(filename.startswith(d) for d in library_dirs)
+    )
+
+
+def merge_allocator_trace(
+    trace: list[dict[str, Any]],
+    active_blocks: list[dict[str, Any]],
+    markers: list[list[Any]],
+    *,
+    marker_base: int = 0,
+    marker_times_us: list[float] | None = None,
+    library_dirs: tuple[str, ...] = (),
+) -> tuple[list[list[Any]], list[list[int]], list[list[Any]], dict[str, Any]]:
+    """Merge the allocator's trace entries with the hooks' markers into one record list.
+
+    ``trace``: one device's ``device_traces`` from ``torch.cuda.memory._snapshot()``;
+    ``active_blocks``: ``[{"address", "size"}]``, the blocks allocated when it was taken.
+    The k-th ``alloc`` entry becomes block k (so a trace entry finds its block again).
+    ``markers``: marker records, the first of which is marker number ``marker_base``.
+
+    Where the trace entries carry ``user_metadata`` (vramscope sets it to the count of
+    markers so far at every marker), the order is exact. Otherwise markers are placed by
+    time: ``marker_times_us`` on the trace's clock (``time_us``).
+
+    Returns (records, baseline, frames, info). ``baseline`` holds the blocks live before the
+    first entry: those freed without an allocation in the trace and those still allocated
+    at the end that the trace never saw allocated.
+    """
+    records: list[list[Any]] = []
+    frames: list[list[Any]] = []
+    frame_cache: dict[int, int] = {}
+    frame_index: dict[tuple[Any, ...], int] = {}
+    live: dict[int, int] = {}  # addr -> block
+    requested: set[int] = set()  # freed (free_requested), awaiting free_completed
+    sizes: dict[int, int] = {}
+    baseline: list[list[int]] = []
+    next_marker = 0  # index into markers
+    next_block = 0  # the k-th allocation in the trace is block k
+    next_baseline = BASELINE_BLOCKS  # blocks live before the trace: numbered apart
+    key = None
+    for candidate in METADATA_KEYS:
+        if any(candidate in e for e in trace[:64]):
+            key = candidate
+            break
+    join = "metadata" if key else ("time" if marker_times_us is not None else "end")
+    stats = {"entries": len(trace), "allocs": 0, "frees": 0, "join": join, "ooms": 0}
+
+    def flush_to(count: int) -> None:
+        nonlocal next_marker
+        while next_marker < len(markers) and marker_base + next_marker < count:
+            records.append(markers[next_marker])
+            next_marker += 1
+
+    def frame_of(entry: dict[str, Any]) -> int:
+        stack = entry.get("frames")
+        if not stack:
+            return -1
+        cached = frame_cache.get(id(stack))
+        if cached is not None:
+            return cached
+        chosen = next(
+            (f for f in stack if not _is_library_file(f.get("filename", ""), library_dirs)),
+            stack[0],
+        )
+        fkey = (chosen.get("filename", "?"), chosen.get("line", 0), chosen.get("name", "?"))
+        index = frame_index.get(fkey)
+        if index is None:
+            index = frame_index[fkey] = len(frames)
+            frames.append(list(fkey))
+        frame_cache[id(stack)] = index
+        return index
+
+    for entry in trace:
+        action = entry.get("action")
+        if action == "oom":
+            stats["ooms"] += 1
+        if action != TRACE_ALLOC and action not in TRACE_FREES:
+            continue
+        if join == "metadata":
+            text = entry.get(key) or ""
+            if text.isdigit():  # else: none yet, or the user's own metadata
+                flush_to(int(text))
+        elif join == "time" and marker_times_us is not None:
+            t = entry.get("time_us", 0)
+            while next_marker < len(markers) and marker_times_us[next_marker] <= t:
+                records.append(markers[next_marker])
+                next_marker += 1
+        addr = int(entry.get("addr", 0))
+        size = int(entry.get("size", 0))
+        if action == TRACE_ALLOC:
+            block = next_block
+            next_block += 1
+            live[addr] = block
+            sizes[block] = size
+            records.append([ALLOC, block, addr, size, frame_of(entry), None, None])
+            stats["allocs"] += 1
+        else:
+            if action == "free_completed" and addr in requested:
+                requested.discard(addr)  # the second half of a free already counted
+                continue
+            if action == "free_requested":
+                requested.add(addr)
+            block = live.pop(addr, None)
+            if block is None:
+                block = next_baseline  # allocated before the trace begins
+                next_baseline += 1
+                baseline.append([block, addr, size])
+            records.append([FREE, block])
+            stats["frees"] += 1
+    flush_to(marker_base + len(markers))
+    for b in active_blocks:
+        addr = int(b["address"])
+        if addr in live:
+            continue
+        baseline.append([next_baseline, addr, int(b["size"])])
+        next_baseline += 1
+    return records, baseline, frames, stats
