@@ -1,23 +1,68 @@
-"""``vramscope report FILE.json``: re-render a saved report."""
+"""``vramscope report FILE.json``: re-render a saved report, or ``--diff`` two of them."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 
-from vramscope.cli.common import emit, output_options
+from vramscope.cli.common import check_paths, emit, output_options
+from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
 
 
-@click.command(short_help="Re-render a saved report.")
+def _labels(a: str, b: str) -> tuple[str, str]:
+    """Short names for the two files: their names, or their paths when the names agree."""
+    name_a, name_b = Path(a).name, Path(b).name
+    return (a, b) if name_a == name_b else (name_a, name_b)
+
+
+@click.command(short_help="Re-render a saved report, or compare two.")
 @click.argument("path", type=click.Path(dir_okay=False))
+@click.option(
+    "--diff",
+    "diff_path",
+    type=click.Path(dir_okay=False),
+    help="Compare with this report: what changed from PATH to it (terminal; HTML with --html).",
+)
 @output_options
 def command(
     path: str,
+    diff_path: str | None,
     json_path: str | None,
     html_path: str | None,
     trace_path: str | None,
     csv_path: str | None,
     quiet: bool,
 ) -> None:
-    """Print the report saved in PATH (written with --json) and write other formats."""
-    emit(Report.load(path), json_path, html_path, trace_path, csv_path, quiet)
+    """Print the report saved in PATH (written with --json) and write other formats.
+
+    With --diff OTHER.json, show what changed from PATH (the baseline) to OTHER: peaks,
+    what the peak is made of, each phase and module, with absolute and % changes;
+    --html and --json then write the diff.
+    """
+    report = Report.load(path)
+    if diff_path is None:
+        emit(report, json_path, html_path, trace_path, csv_path, quiet)
+        return
+    if trace_path or csv_path:
+        raise VramscopeError("--trace and --csv export one report; drop them when using --diff")
+    check_paths(json_path, html_path)
+    from vramscope.report.diff import diff_reports, print_diff, write_html
+
+    other = Report.load(diff_path)
+    label_a, label_b = _labels(path, diff_path)
+    diff = diff_reports(report, other, label_a, label_b)
+    if not quiet:
+        print_diff(diff)
+    try:
+        if html_path:
+            write_html(diff, html_path, report, other)
+            click.echo(f"vramscope: wrote {html_path}", err=True)
+        if json_path:
+            text = json.dumps(diff.to_dict(), indent=1) + "\n"
+            Path(json_path).write_text(text, encoding="utf-8")
+            click.echo(f"vramscope: wrote {json_path}", err=True)
+    except OSError as exc:
+        raise VramscopeError(f"cannot write {exc.filename}: {exc.strerror or exc}") from None
