@@ -1,0 +1,75 @@
+"""``vramscope fit WORKLOAD (--gpu NAME | --budget SIZE)``: the largest batch that fits."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+
+from vramscope.cli.common import check_paths, emit, output_options
+
+
+@click.command(short_help="The largest batch size that fits a GPU or a budget.")
+@click.argument("workload")
+@click.option("--gpu", help="Target GPU (see `vramscope estimate --list-gpus`).")
+@click.option(
+    "--budget",
+    help="Memory the allocator may reserve, e.g. 20GiB (as set_per_process_memory_fraction enforces).",
+)
+@click.option("--margin", default="5%", show_default=True, help="Safety margin below the target.")
+@click.option("--max-batch-size", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option(
+    "--effective-batch",
+    type=click.IntRange(min=1),
+    help="Also plan micro-batch × accumulation for this effective batch.",
+)
+@click.option(
+    "--precision", type=click.Choice(["32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"])
+)
+@click.option("--accumulate", type=click.IntRange(min=1))
+@click.option("--allocator-config", help="PYTORCH_CUDA_ALLOC_CONF options.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Confirm with real runs on this machine's GPU, each in a fresh process.",
+)
+@output_options
+def command(
+    workload: str,
+    gpu: str | None,
+    budget: str | None,
+    margin: str,
+    max_batch_size: int,
+    effective_batch: int | None,
+    precision: str | None,
+    accumulate: int | None,
+    allocator_config: str | None,
+    verify: bool,
+    json_path: str | None,
+    html_path: str | None,
+    trace_path: str | None,
+    csv_path: str | None,
+    quiet: bool,
+) -> None:
+    """Find the largest batch size of WORKLOAD that fits --gpu NAME (device used) or
+    --budget SIZE (reserved), from the estimator alone, in seconds, with no GPU needed."""
+    from vramscope.fit.render import render_fit
+    from vramscope.fit.search import fit
+
+    check_paths(json_path, html_path, trace_path, csv_path)
+    console = Console(stderr=True)
+    report = fit(
+        workload,
+        gpu=gpu,
+        budget=budget,
+        margin=margin,
+        max_batch_size=max_batch_size,
+        precision=precision,
+        accumulate=accumulate,
+        allocator_config=allocator_config,
+        effective_batch=effective_batch,
+        verify=verify,
+        progress=lambda msg: console.print(f"[dim]vramscope fit: {msg}[/dim]"),
+    )
+    emit(report, json_path, html_path, trace_path, csv_path, quiet=True)
+    if not quiet:
+        Console().print(render_fit(report.extra["fit"]))

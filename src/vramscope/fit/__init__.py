@@ -1,0 +1,1 @@
+"""Batch search, micro-batch × accumulation plans, and strategy comparison."""

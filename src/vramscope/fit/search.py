@@ -1,0 +1,595 @@
+"""``fit`` and ``compare``: the largest batch that fits, the accumulation plans, the strategies.
+
+Estimate-only answers come from the estimator (seconds, no GPU). ``verify`` confirms
+with real trials, each in a fresh process, seeded by the estimate so that few are needed.
+Both return a Report whose ``fit`` section (``report.extra["fit"]``) holds the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vramscope.errors import VramscopeError
+from vramscope.fit.strategies import DEFAULT_STRATEGIES, NotApplicable, Strategy, get_strategy
+from vramscope.fit.trial import TrialResult, run_trial
+from vramscope.report.model import Finding, Report
+from vramscope.units import format_bytes, parse_percent, parse_size
+from vramscope.workload import resolve
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What must fit: device used on a GPU profile, or reserved under a budget."""
+
+    kind: str  # "gpu" | "budget"
+    limit_bytes: int
+    gpu: str
+    margin: float
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.limit_bytes * (1 - self.margin))
+
+    def measure_of(self, peak: dict[str, Any]) -> int | None:
+        """The number compared with the limit: device used for a GPU, reserved for a budget."""
+        key = "device_used_bytes" if self.kind == "gpu" else "reserved_bytes"
+        return peak.get(key)
+
+    def describe(self) -> str:
+        what = "device used" if self.kind == "gpu" else "reserved"
+        return (
+            f"{what} ≤ {format_bytes(self.usable_bytes)} ({format_bytes(self.limit_bytes)} "
+            f"{'on ' + self.gpu if self.kind == 'gpu' else 'budget'}, margin {self.margin:.0%})"
+        )
+
+
+def make_target(gpu: str | None, budget: str | int | None, margin: str | float | None) -> Target:
+    from vramscope.estimate.profiles import get_profile
+
+    fraction = parse_percent(margin) if margin is not None else 0.05
+    if not 0 <= fraction < 0.9:
+        raise VramscopeError(f"margin must be between 0% and 90%, not {margin}")
+    profile = get_profile(gpu or "h200")
+    if budget is not None:
+        return Target("budget", parse_size(budget), profile.name, fraction)
+    if gpu is None:
+        raise VramscopeError("say what must fit: --gpu NAME or --budget SIZE")
+    return Target("gpu", profile.total_bytes, profile.name, fraction)
+
+
+def _peak_dict(report: Report) -> dict[str, Any]:
+    p = report.peak
+    return {
+        "allocated_bytes": p.allocated_bytes,
+        "reserved_bytes": p.reserved_bytes,
+        "device_used_bytes": p.device_used_bytes,
+    }
+
+
+class Estimator:
+    """Estimates of one workload and strategy at several batch sizes, cached."""
+
+    def __init__(
+        self,
+        spec: str,
+        target: Target,
+        strategy: Strategy,
+        precision: str | None,
+        accumulate: int | None,
+        allocator_config: str | None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.spec = spec
+        self.resolved = resolve(spec)
+        self.target = target
+        self.strategy = strategy
+        self.precision = precision
+        self.accumulate = accumulate
+        self.allocator_config = allocator_config
+        self.progress = progress
+        self.cache: dict[int, Report] = {}
+
+    def report(self, batch_size: int) -> Report:
+        if batch_size not in self.cache:
+            from vramscope.estimate.estimator import estimate
+
+            s = self.strategy
+            accumulate = self.accumulate
+            if s.accumulate_factor > 1:
+                accumulate = (accumulate or 1) * s.accumulate_factor
+            report = estimate(
+                s.wrap(self.resolved.builder),
+                batch_size=s.micro_batch(batch_size),
+                gpu=self.target.gpu,
+                precision=s.precision or self.precision,
+                accumulate=accumulate,
+                allocator_config=s.allocator_config or self.allocator_config,
+            )
+            report.workload.update(spec=self.spec, strategy=s.name, batch_size=batch_size)
+            self.cache[batch_size] = report
+            if self.progress:
+                used = self.target.measure_of(_peak_dict(report))
+                self.progress(f"estimated batch {batch_size}: {format_bytes(used)}")
+        return self.cache[batch_size]
+
+    def value(self, batch_size: int) -> int:
+        return self.target.measure_of(_peak_dict(self.report(batch_size))) or 0
+
+    def fits(self, batch_size: int, limit: int | None = None) -> bool:
+        return self.value(batch_size) <= (self.target.usable_bytes if limit is None else limit)
+
+
+def largest_fitting(
+    fits: Callable[[int], bool],
+    value: Callable[[int], int],
+    limit: int,
+    cap: int,
+    start: int | None = None,
+) -> int:
+    """The largest b in [1, cap] with fits(b), assuming memory grows with b.
+
+    Interpolation search: the next probe is where the line through the two nearest known
+    points crosses the limit (extrapolated while no upper bound is known), clamped inside
+    the bracket; a bisection step whenever the bracket did not halve. A near-linear
+    workload needs a handful of evaluations. 0 when even b=1 does not fit.
+    """
+    if not fits(1):
+        return 0
+    lo, hi = 1, cap + 1  # lo fits; hi does not (cap + 1: not known yet)
+    points = {1: value(1)}
+    probe = start if start is not None else min(cap, 16)
+    stalled = 0
+    while hi - lo > 1:
+        probe = max(lo + 1, min(hi - 1, probe))
+        width = hi - lo
+        ok = fits(probe)
+        points[probe] = value(probe)
+        if ok:
+            lo = probe
+        else:
+            hi = probe
+        stalled = stalled + 1 if (hi - lo) * 2 > width else 0
+        if stalled >= 2:
+            probe, stalled = (lo + hi) // 2, 0
+            continue
+        if hi <= cap:  # interpolate between the bracket's ends
+            v_lo, v_hi = points[lo], points[hi]
+            slope = (v_hi - v_lo) / (hi - lo)
+        else:  # extrapolate from the two largest points that fit
+            fitting = sorted(b for b in points if b <= lo)
+            b0 = fitting[-2] if len(fitting) >= 2 else fitting[-1]
+            v_lo = points[lo]
+            slope = (v_lo - points[b0]) / (lo - b0) if lo != b0 else 0
+        if slope <= 0:
+            probe = lo * 2 if hi > cap else (lo + hi) // 2
+        else:
+            probe = lo + int((limit - v_lo) / slope)
+            if probe <= lo:
+                probe = lo + 1
+            elif hi <= cap and probe >= hi:
+                probe = hi - 1
+    return lo
+
+
+def fit(
+    workload: str,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    margin: str | float | None = None,
+    max_batch_size: int = 1024,
+    precision: str | None = None,
+    accumulate: int | None = None,
+    allocator_config: str | None = None,
+    effective_batch: int | None = None,
+    verify: bool = False,
+    progress: Progress | None = None,
+) -> Report:
+    """The largest batch size that fits, from the estimator; ``verify`` confirms it for real."""
+    target = make_target(gpu, budget, margin)
+    if max_batch_size < 1:
+        raise VramscopeError(f"--max-batch-size must be 1 or more, not {max_batch_size}")
+    base = get_strategy("baseline")
+    est = Estimator(workload, target, base, precision, accumulate, allocator_config, progress)
+    best = largest_fitting(est.fits, est.value, target.usable_bytes, max_batch_size)
+    best_no_margin = largest_fitting(
+        lambda b: est.fits(b, target.limit_bytes),
+        est.value,
+        target.limit_bytes,
+        max_batch_size,
+        start=max(best, 1) + 1,
+    )
+    section: dict[str, Any] = {
+        "max_batch_size": best,
+        "max_batch_size_without_margin": best_no_margin,
+        "target": {
+            "kind": target.kind,
+            "gpu": target.gpu,
+            "limit_bytes": target.limit_bytes,
+            "margin": target.margin,
+            "usable_bytes": target.usable_bytes,
+            "compares": "device_used_bytes" if target.kind == "gpu" else "reserved_bytes",
+        },
+        "capped": best >= max_batch_size,
+        "method": "estimate",
+        "estimates": len(est.cache),
+        "curve": [{"batch_size": b, "peak": _peak_dict(r)} for b, r in sorted(est.cache.items())],
+    }
+    report = est.report(max(best, 1))
+    findings: list[Finding] = []
+    if best == 0:
+        needed = est.value(1)
+        section["needed_at_batch_1_bytes"] = needed
+        closest = _closest_strategy(workload, target, precision, accumulate, allocator_config)
+        section["closest_strategy"] = closest
+        message = (
+            f"does not fit even at batch size 1: it needs {format_bytes(needed)}, "
+            f"the target allows {format_bytes(target.usable_bytes)}"
+        )
+        params = report.categories_at_peak.parameters or 0
+        if params > target.usable_bytes:
+            message += f" (the parameters alone take {format_bytes(params)})"
+        if closest:
+            message += (
+                f"; closest strategy: {closest['name']} at {format_bytes(closest['value_bytes'])}"
+            )
+        findings.append(Finding("fit", "error", message, {}))
+    else:
+        findings.append(
+            Finding(
+                "fit",
+                "info",
+                f"largest batch size that fits: {best}"
+                + (" (the --max-batch-size cap)" if best >= max_batch_size else "")
+                + f"; {target.describe()}; without the margin: {best_no_margin}",
+                {},
+            )
+        )
+    if effective_batch:
+        section["plans"] = _plans(est, effective_batch, best, target)
+        recommended = next((p for p in section["plans"] if p["fits"]), None)
+        section["recommended_plan"] = recommended
+    if verify:
+        section["verify"] = _verify(
+            workload,
+            target,
+            best_no_margin or 1,
+            precision,
+            accumulate,
+            allocator_config,
+            max_batch_size,
+            progress,
+        )
+        if section["verify"].get("max_batch_size") is not None:
+            section["method"] = "estimate+verify"
+    report.extra["fit"] = section
+    report.findings = findings + report.findings
+    return report
+
+
+def _plans(est: Estimator, effective: int, best: int, target: Target) -> list[dict[str, Any]]:
+    """micro-batch × accumulation plans that reach ``effective``, largest micro-batch first."""
+    plans = []
+    divisors = [d for d in range(1, effective + 1) if effective % d == 0]
+    for micro in sorted(divisors, reverse=True):
+        if micro > max(best, 1) * 2 and micro != min(divisors, key=lambda d: abs(d - best)):
+            continue  # far above what fits: not worth an estimate
+        steps = effective // micro
+        with contextlib.suppress(NotApplicable):
+            plan_est = Estimator(
+                est.spec,
+                target,
+                est.strategy,
+                est.precision,
+                (est.accumulate or 1) * steps,
+                est.allocator_config,
+            )
+            value = plan_est.value(micro)
+            plans.append(
+                {
+                    "micro_batch": micro,
+                    "accumulate": steps,
+                    "peak": _peak_dict(plan_est.report(micro)),
+                    "fits": value <= target.usable_bytes,
+                }
+            )
+        if len([p for p in plans if p["fits"]]) >= 3:
+            break
+    return plans
+
+
+def _verify(
+    spec: str,
+    target: Target,
+    seed: int,
+    precision: str | None,
+    accumulate: int | None,
+    allocator_config: str | None,
+    cap: int,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """Real trials in fresh processes, starting at the estimate: exact with few trials."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"error": "--verify needs a CUDA device on this machine", "trials": []}
+    budget = target.limit_bytes if target.kind == "budget" else None
+    trials: list[TrialResult] = []
+    crashed: list[TrialResult] = []
+
+    def fits(b: int) -> bool:
+        for t in trials:
+            if t.batch_size == b:
+                return t.fits
+        if progress:
+            progress(f"trial {len(trials) + 1}: batch {b} in a fresh process …")
+        result = run_trial(
+            spec,
+            b,
+            precision=precision,
+            accumulate=accumulate,
+            allocator_config=allocator_config,
+            budget_bytes=budget,
+        )
+        if result.status == "fits" and target.kind == "gpu":
+            used = target.measure_of(result.peak) or 0
+            if used > target.limit_bytes:
+                result.status = "oom"
+        trials.append(result)
+        if progress:
+            progress(f"trial {len(trials)}: batch {b}: {result.status}")
+        if result.status == "crashed":
+            crashed.append(result)
+            raise _Crashed(result)
+        return result.fits
+
+    answer: int | None
+    try:
+        answer = _search_from(fits, seed, cap)
+    except _Crashed as exc:
+        answer = None
+        crash = exc.result
+        return {
+            "max_batch_size": None,
+            "error": f"trial at batch {crash.batch_size} crashed (not an OOM): {crash.error}",
+            "trials": [_trial_row(t) for t in trials],
+        }
+    return {
+        "max_batch_size": answer,
+        "trials": [_trial_row(t) for t in trials],
+        "real_trials": len(trials),
+    }
+
+
+class _Crashed(Exception):
+    def __init__(self, result: TrialResult) -> None:
+        self.result = result
+
+
+def _search_from(fits: Callable[[int], bool], seed: int, cap: int) -> int:
+    """Largest fitting b, starting from a good guess: gallop away from it, then bisect."""
+    seed = max(1, min(cap, seed))
+    if fits(seed):
+        lo, step = seed, 1
+        hi = None
+        while lo < cap:
+            probe = min(cap, lo + step)
+            if fits(probe):
+                lo, step = probe, step * 2
+            else:
+                hi = probe
+                break
+        if hi is None:
+            return lo
+    else:
+        hi, step = seed, 1
+        lo = 0
+        while hi > 1:
+            probe = max(1, hi - step)
+            if fits(probe):
+                lo = probe
+                break
+            hi, step = probe, step * 2
+        if lo == 0:
+            return 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _trial_row(t: TrialResult) -> dict[str, Any]:
+    return {
+        "batch_size": t.batch_size,
+        "status": t.status,
+        "peak": t.peak,
+        "step_time_s": t.step_time_s,
+        "error": t.error if t.status != "fits" else None,
+    }
+
+
+def _closest_strategy(
+    spec: str, target: Target, precision: str | None, accumulate: int | None, config: str | None
+) -> dict[str, Any] | None:
+    best: dict[str, Any] | None = None
+    for name in ("bf16+checkpointing+expandable", "bf16-mixed", "checkpointing", "sgd"):
+        try:
+            est = Estimator(spec, target, get_strategy(name), precision, accumulate, config)
+            value = est.value(1)
+        except VramscopeError:  # not applicable here, or could not be estimated
+            continue
+        if best is None or value < best["value_bytes"]:
+            best = {"name": name, "value_bytes": value, "fits": value <= target.usable_bytes}
+    return best
+
+
+def compare(
+    workloads: list[str],
+    batch_size: int,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    margin: str | float | None = None,
+    strategies: list[str] | None = None,
+    precision: str | None = None,
+    accumulate: int | None = None,
+    allocator_config: str | None = None,
+    measured: bool | None = None,
+    progress: Progress | None = None,
+) -> Report:
+    """Strategies side by side (one workload), or model variants (several workloads)."""
+    if not workloads:
+        raise VramscopeError("give at least one workload to compare")
+    target = make_target(gpu or "h200", budget, margin)
+    if measured is None:
+        import torch
+
+        measured = torch.cuda.is_available()
+    names = ["baseline"] if len(workloads) > 1 else (strategies or DEFAULT_STRATEGIES)
+    if "baseline" not in names:
+        names = ["baseline", *names]
+    rows: list[dict[str, Any]] = []
+    reports: dict[str, Report] = {}
+    for spec in workloads:
+        for name in names:
+            strategy = get_strategy(name)
+            label = name if len(workloads) == 1 else spec
+            row: dict[str, Any] = {
+                "name": label,
+                "strategy": name,
+                "workload": spec,
+                "description": strategy.description if len(workloads) == 1 else "model variant",
+                "cost": strategy.cost,
+                "measured": bool(measured),
+            }
+            try:
+                strategy.micro_batch(batch_size)
+                est = Estimator(spec, target, strategy, precision, accumulate, allocator_config)
+                report = est.report(batch_size)
+                reports[label] = report
+                row["estimated_peak"] = _peak_dict(report)
+                row["peak"] = dict(row["estimated_peak"])
+                if measured:
+                    trial = run_trial(
+                        spec,
+                        batch_size,
+                        strategy=name,
+                        precision=precision,
+                        accumulate=accumulate,
+                        allocator_config=allocator_config,
+                    )
+                    row["trial_status"] = trial.status
+                    if trial.status == "fits":
+                        row["peak"] = trial.peak
+                        row["step_time_s"] = trial.step_time_s
+                    else:
+                        row["error"] = trial.error
+                if progress:
+                    progress(f"{label}: {format_bytes(target.measure_of(row['peak']))}")
+            except NotApplicable as exc:
+                row["skipped"] = str(exc)
+            except VramscopeError as exc:
+                row["skipped"] = f"could not be estimated: {exc}"
+            rows.append(row)
+    _savings(rows, target)
+    recommendation = _recommend(rows, target)
+    base_label = rows[0]["name"]
+    report = reports.get(base_label) or next(iter(reports.values()), None)
+    if report is None:
+        raise VramscopeError("no strategy could be evaluated for this workload")
+    section: dict[str, Any] = {
+        "strategies": rows,
+        "recommendation": recommendation,
+        "target": {
+            "kind": target.kind,
+            "gpu": target.gpu,
+            "limit_bytes": target.limit_bytes,
+            "usable_bytes": target.usable_bytes,
+            "margin": target.margin,
+        },
+        "batch_size": batch_size,
+        "method": "measured" if measured else "estimated",
+    }
+    if len(workloads) > 1:
+        section["module_diff"] = _module_diff(reports)
+    report.extra["fit"] = section
+    report.findings = [Finding("compare", "info", recommendation["message"], {}), *report.findings]
+    return report
+
+
+def _savings(rows: list[dict[str, Any]], target: Target) -> None:
+    base = next((r for r in rows if "peak" in r), None)
+    if base is None:
+        return
+    for row in rows:
+        if "peak" not in row:
+            continue
+        for key in ("allocated_bytes", "reserved_bytes", "device_used_bytes"):
+            b, v = base["peak"].get(key), row["peak"].get(key)
+            if b and v is not None:
+                row.setdefault("saving_pct", {})[key] = round(100 * (b - v) / b, 2)
+        value = target.measure_of(row["peak"]) or 0
+        row["fits"] = value <= target.usable_bytes
+        if base.get("step_time_s") and row.get("step_time_s"):
+            row["slowdown_pct"] = round(100 * (row["step_time_s"] / base["step_time_s"] - 1), 1)
+
+
+def _recommend(rows: list[dict[str, Any]], target: Target) -> dict[str, Any]:
+    usable = [r for r in rows if "peak" in r]
+    if not usable:
+        return {"name": None, "message": "no strategy could be evaluated"}
+    base = usable[0]
+    fitting = [r for r in usable if r.get("fits")]
+    if base.get("fits"):
+        saver = max(usable, key=lambda r: r.get("saving_pct", {}).get("reserved_bytes", 0))
+        return {
+            "name": base["name"],
+            "message": f"{base['name']} already fits {target.describe()}; "
+            f"{saver['name']} would save the most ({saver.get('saving_pct', {}).get('reserved_bytes', 0):.0f}% reserved)",
+        }
+    if fitting:
+        pick = min(fitting, key=lambda r: (r["cost"], target.measure_of(r["peak"]) or 0))
+        return {
+            "name": pick["name"],
+            "message": f"cheapest change that fits {target.describe()}: {pick['name']} "
+            f"({pick['description']}), {format_bytes(target.measure_of(pick['peak']))}",
+        }
+    closest = min(usable, key=lambda r: target.measure_of(r["peak"]) or 0)
+    return {
+        "name": None,
+        "closest": closest["name"],
+        "message": f"nothing here fits {target.describe()}; closest: {closest['name']} at "
+        f"{format_bytes(target.measure_of(closest['peak']))} — try a smaller batch (vramscope fit)",
+    }
+
+
+def _module_diff(reports: dict[str, Report]) -> list[dict[str, Any]]:
+    """Per-module bytes of each variant, for modules named alike (the first variant first)."""
+    labels = list(reports)
+    table: dict[str, dict[str, Any]] = {}
+    for label in labels:
+        for module in reports[label].modules:
+            name = module.get("name", "")
+            total = sum(
+                int(module.get(k) or 0)
+                for k in (
+                    "parameters_bytes",
+                    "gradients_bytes",
+                    "optimizer_state_bytes",
+                    "activations_bytes",
+                )
+            )
+            table.setdefault(name, {"name": name})[label] = total
+    rows = list(table.values())
+    for row in rows:
+        values = [row.get(label) for label in labels]
+        if len(values) >= 2 and values[0] is not None and values[1] is not None:
+            row["difference_bytes"] = values[1] - values[0]
+    rows.sort(key=lambda r: abs(r.get("difference_bytes", 0)), reverse=True)
+    return rows[:40]

@@ -1,0 +1,260 @@
+"""Memory-saving strategies as transformations of a workload (the seeds' four ways, and more).
+
+A strategy changes the precision, the micro-batch and accumulation, the allocator options,
+or the built workload itself (activation checkpointing, the optimizer, ``foreach``,
+``zero_grad``). The same named strategy is applied by the estimator in this process and
+by ``vramscope measure --strategy NAME`` in a fresh process on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from vramscope.errors import VramscopeError
+from vramscope.workload import Builder, Workload
+
+
+class NotApplicable(VramscopeError):
+    """This strategy does not apply to this workload (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    description: str
+    precision: str | None = None
+    accumulate_factor: int = 1  # micro-batch ÷ factor, accumulation × factor
+    allocator_config: str | None = None
+    checkpointing: bool = False
+    optimizer: str | None = None  # "sgd", "sgdm", "adamw"
+    foreach: bool | None = None
+    zero_grad_set_to_none: bool | None = None
+    cost: int = 0  # how much the change asks of the user (speed, numerics, convergence)
+
+    def micro_batch(self, batch_size: int) -> int:
+        if batch_size % self.accumulate_factor:
+            raise NotApplicable(
+                f"batch size {batch_size} is not divisible by {self.accumulate_factor}"
+            )
+        return batch_size // self.accumulate_factor
+
+    def wrap(self, builder: Builder) -> Builder:
+        """The builder with this strategy's changes to the built workload applied."""
+        if not (
+            self.checkpointing
+            or self.optimizer
+            or self.foreach is not None
+            or self.zero_grad_set_to_none is not None
+        ):
+            return builder
+
+        def build(batch_size: int, device: torch.device) -> Workload:
+            workload = builder(batch_size, device)
+            if not isinstance(workload, Workload):
+                return workload  # build_workload reports the wrong type
+            if self.checkpointing:
+                apply_checkpointing(workload.model)
+            if self.optimizer:
+                workload.optimizer = switch_optimizer(workload, self.optimizer)
+            if self.foreach is not None:
+                if workload.optimizer is None:
+                    raise NotApplicable("inference has no optimizer")
+                for group in workload.optimizer.param_groups:
+                    group["foreach"] = self.foreach
+                    if "fused" in group:
+                        group["fused"] = None if not self.foreach else group["fused"]
+            if self.zero_grad_set_to_none is not None:
+                if workload.optimizer is None:
+                    raise NotApplicable("inference has no gradients to zero")
+                workload.meta["zero_grad_set_to_none"] = self.zero_grad_set_to_none
+            return workload
+
+        build.__qualname__ = getattr(builder, "__qualname__", "build")
+        return build
+
+
+def _combine(name: str, description: str, *parts: Strategy) -> Strategy:
+    fields: dict = {"name": name, "description": description, "cost": sum(p.cost for p in parts)}
+    for part in parts:
+        for key in (
+            "precision",
+            "allocator_config",
+            "optimizer",
+            "foreach",
+            "zero_grad_set_to_none",
+        ):
+            if getattr(part, key) is not None:
+                fields[key] = getattr(part, key)
+        if part.checkpointing:
+            fields["checkpointing"] = True
+        if part.accumulate_factor > 1:
+            fields["accumulate_factor"] = part.accumulate_factor
+    return Strategy(**fields)
+
+
+EXPANDABLE = "expandable_segments:True"
+_BASE = [
+    Strategy("baseline", "the workload as written"),
+    Strategy(
+        "expandable-segments",
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        allocator_config=EXPANDABLE,
+        cost=0,
+    ),
+    Strategy(
+        "zero-grad-keep",
+        "zero_grad(set_to_none=False): gradients stay allocated between steps",
+        zero_grad_set_to_none=False,
+        cost=0,
+    ),
+    Strategy(
+        "foreach-off",
+        "optimizer with foreach=False (a for-loop: fewer temporaries, slower)",
+        foreach=False,
+        cost=1,
+    ),
+    Strategy("bf16-mixed", "autocast to bfloat16", precision="bf16-mixed", cost=2),
+    Strategy("16-mixed", "autocast to float16 with a GradScaler", precision="16-mixed", cost=2),
+    Strategy(
+        "checkpointing",
+        "activation checkpointing of the repeated blocks (recompute in backward)",
+        checkpointing=True,
+        cost=3,
+    ),
+    Strategy(
+        "accumulate-x2",
+        "half the micro-batch, 2 accumulation steps (same effective batch)",
+        accumulate_factor=2,
+        cost=3,
+    ),
+    Strategy(
+        "accumulate-x4",
+        "a quarter of the micro-batch, 4 accumulation steps",
+        accumulate_factor=4,
+        cost=4,
+    ),
+    Strategy(
+        "sgd-momentum",
+        "SGD with momentum instead (one state tensor per parameter)",
+        optimizer="sgdm",
+        cost=5,
+    ),
+    Strategy("sgd", "plain SGD (no optimizer state)", optimizer="sgd", cost=6),
+    Strategy("adamw", "AdamW (two state tensors per parameter)", optimizer="adamw", cost=5),
+]
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in _BASE}
+for _name, _desc, _parts in (
+    (
+        "bf16+checkpointing",
+        "bf16-mixed and activation checkpointing",
+        ("bf16-mixed", "checkpointing"),
+    ),
+    (
+        "bf16+checkpointing+expandable",
+        "bf16-mixed, checkpointing, expandable segments",
+        ("bf16-mixed", "checkpointing", "expandable-segments"),
+    ),
+    (
+        "bf16+accumulate-x2",
+        "bf16-mixed and half the micro-batch with 2 accumulation steps",
+        ("bf16-mixed", "accumulate-x2"),
+    ),
+):
+    STRATEGIES[_name] = _combine(_name, _desc, *(STRATEGIES[p] for p in _parts))
+DEFAULT_STRATEGIES = [
+    "baseline",
+    "bf16-mixed",
+    "16-mixed",
+    "checkpointing",
+    "accumulate-x2",
+    "accumulate-x4",
+    "expandable-segments",
+    "foreach-off",
+    "zero-grad-keep",
+    "sgd",
+    "adamw",
+    "bf16+checkpointing",
+    "bf16+checkpointing+expandable",
+]
+
+
+def get_strategy(name: str) -> Strategy:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise VramscopeError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
+
+
+def apply_checkpointing(model: torch.nn.Module) -> str:
+    """Turn on activation checkpointing: the model's own switch, else its repeated blocks.
+
+    Returns how it was applied; raises NotApplicable when the model has neither.
+    """
+    if hasattr(model, "gradient_checkpointing_enable"):
+        try:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        except TypeError:
+            model.gradient_checkpointing_enable()
+        return "the model's gradient_checkpointing_enable()"
+    if hasattr(model, "set_grad_checkpointing"):
+        model.set_grad_checkpointing(True)
+        return "the model's set_grad_checkpointing(True)"
+    blocks = repeated_blocks(model)
+    if not blocks:
+        raise NotApplicable(
+            "the model has no repeated blocks (a ModuleList or Sequential of alike layers)"
+        )
+    for block in blocks:
+        _checkpoint_forward(block)
+    return f"{len(blocks)} repeated blocks of {type(blocks[0]).__name__}"
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The largest run of same-class, parameter-holding children of a ModuleList/Sequential."""
+    best: list[torch.nn.Module] = []
+    for module in model.modules():
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        groups: dict[type, list[torch.nn.Module]] = {}
+        for child in module.children():
+            if next(child.parameters(), None) is not None and len(list(child.children())) > 0:
+                groups.setdefault(type(child), []).append(child)
+        for members in groups.values():
+            if len(members) >= 2 and _size(members) > _size(best):
+                best = members
+    return best
+
+
+def _size(modules: list[torch.nn.Module]) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters())
+
+
+def _checkpoint_forward(block: torch.nn.Module) -> None:
+    original: Callable = block.forward
+
+    def forward(*args, **kwargs):
+        if block.training and torch.is_grad_enabled():
+            return checkpoint(original, *args, use_reentrant=False, **kwargs)
+        return original(*args, **kwargs)
+
+    block.forward = forward  # an instance attribute: nn.Module.__call__ uses it
+
+
+def switch_optimizer(workload: Workload, kind: str) -> torch.optim.Optimizer:
+    if workload.optimizer is None:
+        raise NotApplicable("inference has no optimizer")
+    lr = workload.optimizer.param_groups[0].get("lr", 1e-3)
+    params = [p for g in workload.optimizer.param_groups for p in g["params"]]
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if kind == "sgdm":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise VramscopeError(f"unknown optimizer {kind!r}")

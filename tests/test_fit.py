@@ -1,0 +1,190 @@
+"""fit and compare from the estimator alone, on real workloads; the search logic itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vramscope.examples import ExampleCNN, ExampleGPT
+from vramscope.fit.search import _search_from, compare, fit, largest_fitting
+from vramscope.fit.strategies import (
+    NotApplicable,
+    apply_checkpointing,
+    get_strategy,
+    repeated_blocks,
+)
+
+MiB = 2**20
+
+
+def test_interpolation_search_finds_the_boundary_in_few_evaluations():
+    calls = []
+
+    def value(b: int) -> int:
+        calls.append(b)
+        return 500 * MiB + 37 * MiB * b
+
+    limit = 20 * 1024 * MiB
+    best = largest_fitting(lambda b: value(b) <= limit, value, limit, 4096)
+    assert best == (limit - 500 * MiB) // (37 * MiB)
+    assert len(set(calls)) <= 6
+
+
+def test_search_handles_a_staircase_and_the_cap():
+    def value(b: int) -> int:
+        return ((b + 7) // 8) * 100  # memory in steps, as the allocator's segments grow
+
+    assert largest_fitting(lambda b: value(b) <= 1000, value, 1000, 4096) == 80
+    assert largest_fitting(lambda b: value(b) <= 10**9, value, 10**9, 64) == 64
+    assert largest_fitting(lambda b: value(b) <= 50, value, 50, 64) == 0
+
+
+def test_verify_search_needs_two_trials_when_the_estimate_is_exact():
+    trials = []
+
+    def fits(b: int) -> bool:
+        trials.append(b)
+        return b <= 37
+
+    assert _search_from(fits, 37, 1024) == 37
+    assert trials == [37, 38]
+    trials.clear()
+    assert _search_from(fits, 40, 1024) == 37 and len(trials) <= 4
+
+
+def test_fit_from_the_estimator_alone():
+    report = fit("example:cnn", budget="1GiB", margin="5%", max_batch_size=512)
+    section = report.extra["fit"]
+    best = section["max_batch_size"]
+    assert 10 < best < 512
+    curve = {p["batch_size"]: p["peak"]["reserved_bytes"] for p in section["curve"]}
+    assert curve[best] <= 0.95 * 2**30
+    assert any(b > best and v > 0.95 * 2**30 for b, v in curve.items())
+    assert section["max_batch_size_without_margin"] >= best
+    data = report.to_dict()
+    assert isinstance(data["fit"]["max_batch_size"], int)
+
+
+def test_a_budget_below_the_parameters_says_what_is_needed():
+    report = fit("example:gpt", budget="16MiB")
+    section = report.extra["fit"]
+    assert section["max_batch_size"] == 0
+    assert section["needed_at_batch_1_bytes"] > 16 * MiB
+    message = report.findings[0].message
+    assert "does not fit even at batch size 1" in message and "parameters alone" in message
+
+
+def test_effective_batch_plans():
+    report = fit("example:cnn", budget="1GiB", max_batch_size=512, effective_batch=512)
+    plans = report.extra["fit"]["plans"]
+    assert all(p["micro_batch"] * p["accumulate"] == 512 for p in plans)
+    rec = report.extra["fit"]["recommended_plan"]
+    assert rec["fits"] and rec["micro_batch"] <= report.extra["fit"]["max_batch_size"]
+
+
+def test_compare_strategies_estimated():
+    report = compare(
+        ["example:gpt"],
+        batch_size=8,
+        gpu="h200",
+        strategies=["baseline", "bf16-mixed", "sgd", "accumulate-x2"],
+        measured=False,
+    )
+    rows = {r["name"]: r for r in report.extra["fit"]["strategies"]}
+    base = rows["baseline"]["peak"]["allocated_bytes"]
+    assert rows["bf16-mixed"]["peak"]["allocated_bytes"] < base
+    assert rows["sgd"]["peak"]["allocated_bytes"] < base  # no AdamW state
+    assert rows["accumulate-x2"]["peak"]["allocated_bytes"] < base
+    for row in rows.values():
+        assert set(row["peak"]) >= {"allocated_bytes", "reserved_bytes", "device_used_bytes"}
+    assert report.extra["fit"]["recommendation"]["message"]
+
+
+def test_checkpointing_strategy_saves_activations_estimated():
+    report = compare(["example:cnn"], batch_size=32, strategies=["checkpointing"], measured=False)
+    rows = {r["name"]: r for r in report.extra["fit"]["strategies"]}
+    assert (
+        rows["checkpointing"]["peak"]["allocated_bytes"]
+        < 0.8 * rows["baseline"]["peak"]["allocated_bytes"]
+    )
+
+
+def test_strategy_that_does_not_apply_is_skipped_with_its_reason(tmp_path):
+    wl = tmp_path / "infer.py"
+    wl.write_text(
+        "import torch, vramscope\n"
+        "def build(batch_size, device):\n"
+        "    m = torch.nn.Linear(64, 64).to(device)\n"
+        "    return vramscope.Workload(model=m, batch=lambda: torch.randn(batch_size, 64, device=device),\n"
+        "                              loss=lambda m, x: m(x))\n"
+    )
+    report = compare([f"{wl}:build"], batch_size=4, strategies=["baseline", "sgd"], measured=False)
+    rows = {r["name"]: r for r in report.extra["fit"]["strategies"]}
+    assert "inference has no optimizer" in rows["sgd"]["skipped"]
+
+
+def test_checkpointing_finds_the_repeated_blocks():
+    gpt = ExampleGPT()
+    assert len(repeated_blocks(gpt)) == 4
+    assert "gradient_checkpointing_enable" in apply_checkpointing(gpt)
+    cnn = ExampleCNN()
+    assert "ResidualBlock" in apply_checkpointing(cnn)
+    with pytest.raises(NotApplicable):
+        apply_checkpointing(torch.nn.Linear(2, 2))
+
+
+def test_checkpointing_keeps_the_loss():
+    torch.manual_seed(0)
+    cnn = ExampleCNN()
+    x = torch.randn(2, 3, 32, 32)
+    plain = cnn(x).sum()
+    apply_checkpointing(cnn)
+    assert torch.equal(cnn(x).sum(), plain)
+
+
+def test_unknown_strategy():
+    with pytest.raises(Exception, match="unknown strategy"):
+        get_strategy("magic")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["fit", "example:cnn"], "--gpu NAME or --budget SIZE"),
+        (["fit", "example:cnn", "--gpu", "gtx9999"], "unknown GPU"),
+        (["fit", "example:cnn", "--budget", "24 parsecs"], "as a size"),
+        (["compare", "example:cnn", "--strategies", "magic"], "unknown strategy"),
+    ],
+)
+def test_bad_input_one_line_exit_2(args, needle):
+    proc = subprocess.run(
+        [sys.executable, "-m", "vramscope", *args], capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+def test_fit_cli_writes_the_fit_section(tmp_path):
+    out = tmp_path / "fit.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vramscope",
+            "fit",
+            "example:cnn",
+            "--budget",
+            "512MiB",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Largest batch size" in proc.stdout
+    assert json.loads(out.read_text())["fit"]["max_batch_size"] > 0
