@@ -1,0 +1,184 @@
+"""How right is `fit`: the true largest batch (real runs) vs the estimate and `--verify`.
+
+For each workload and budget: the true largest batch under the budget by exhaustive
+bisection with real runs (each a fresh process capped with
+set_per_process_memory_fraction; probes of one round run side by side), vramscope's
+estimate-only answer (margin 0), and `--verify` (its answer and how many real trials it
+used). Also compare's estimated savings against measured ones for a few strategies.
+
+Usage (on a GPU): python benchmarks/fit.py --out results.json [--jobs 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from vramscope.fit.search import compare, fit
+
+GiB = 2**30
+# (name, spec, precision, budgets in GiB)
+CASES = [
+    ("cnn-fp32", "example:cnn", "32-true", (2, 6)),
+    ("gpt2-seq1024-bf16", "hf:gpt2/seq=1024", "bf16-mixed", (12, 24)),
+    ("gpt2-seq1024-ckpt-bf16", "hf:gpt2/seq=1024/ckpt", "bf16-mixed", (6, 12)),
+]
+
+
+def one_fit(spec: str, precision: str, gib: int) -> dict:
+    """Estimate-only answer and --verify (real trials from the estimate) for one budget."""
+    budget = gib * GiB
+    t0 = time.perf_counter()
+    report = fit(
+        spec, budget=budget, margin=0, precision=precision, max_batch_size=2048, verify=True
+    )
+    section = report.extra["fit"]
+    verify = section["verify"]
+    row = {
+        "estimate": section["max_batch_size"],
+        "estimates": section["estimates"],
+        "verify": verify.get("max_batch_size"),
+        "verify_trials": verify.get("real_trials"),
+        "trials": verify.get("trials"),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    if verify.get("error"):
+        row["error"] = verify["error"]
+    statuses = {t["batch_size"]: t["status"] for t in verify.get("trials", [])}
+    best = row["verify"]
+    # the true largest batch: a real run fits at b and runs out of memory at b + 1
+    row["true"] = (
+        best if best and statuses.get(best) == "fits" and statuses.get(best + 1) == "oom" else None
+    )
+    if row["true"]:
+        row["estimate_error_pct"] = round(100 * (row["estimate"] - row["true"]) / row["true"], 2)
+        row["verify_exact"] = True
+    return row
+
+
+def one_compare(spec: str, batch: int) -> list[dict]:
+    strategies = ["bf16-mixed", "checkpointing", "sgd", "accumulate-x2"]
+    est = compare([spec], batch_size=batch, strategies=strategies, measured=False)
+    meas = compare([spec], batch_size=batch, strategies=strategies, measured=True)
+    e_rows = {r["name"]: r for r in est.extra["fit"]["strategies"]}
+    out = []
+    for r in meas.extra["fit"]["strategies"]:
+        e = e_rows.get(r["name"], {})
+        es = e.get("saving_pct", {}).get("reserved_bytes")
+        ms = r.get("saving_pct", {}).get("reserved_bytes")
+        out.append(
+            {
+                "spec": spec,
+                "batch_size": batch,
+                "strategy": r["name"],
+                "estimated_saving_pct": es,
+                "measured_saving_pct": ms,
+                "difference_pp": round(es - ms, 2) if es is not None and ms is not None else None,
+                "step_time_s": r.get("step_time_s"),
+                "skipped": r.get("skipped") or e.get("skipped"),
+            }
+        )
+    return out
+
+
+def _child(kind: str, args: list[str]) -> None:
+    try:
+        if kind == "fit":
+            result: object = one_fit(args[0], args[1], int(args[2]))
+        else:
+            result = one_compare(args[0], int(args[1]))
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _spawn(kind: str, *args: str) -> object:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", kind, *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": (proc.stderr.strip().splitlines() or ["no result"])[-1][:300]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--skip-compare", action="store_true")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child[0], args.child[1:])
+        return
+    jobs = []
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for name, spec, precision, budgets in CASES:
+            for gib in budgets:
+                jobs.append(
+                    (
+                        {"workload": name, "spec": spec, "precision": precision, "budget_gib": gib},
+                        pool.submit(_spawn, "fit", spec, precision, str(gib)),
+                    )
+                )
+        compares = (
+            []
+            if args.skip_compare
+            else [
+                pool.submit(_spawn, "compare", spec, str(batch))
+                for spec, batch in (("example:cnn", 128), ("hf:gpt2/seq=1024", 8))
+            ]
+        )
+        rows = []
+        for base, future in jobs:
+            row = {**base, **future.result()}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "trials"}), flush=True)
+        savings = []
+        for future in compares:
+            result = future.result()
+            savings.extend(result if isinstance(result, list) else [result])
+    import torch
+
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+    }
+    print(
+        f"\n{'workload':26s} {'budget':>7s} {'true':>6s} {'estimate':>9s} {'err':>7s} {'verify':>7s} {'trials':>6s}"
+    )
+    for r in rows:
+        if "error" in r or r.get("true") is None:
+            print(
+                f"{r['workload']:26s} {r['budget_gib']:5d}G ERROR {r.get('error')} {r.get('estimate')} {r.get('verify')}"
+            )
+            continue
+        print(
+            f"{r['workload']:26s} {r['budget_gib']:5d}G {r['true']:6d} {r['estimate']:9d} {r['estimate_error_pct']:6.1f}% {r['verify']!s:>7s} {r['verify_trials']!s:>6s}"
+        )
+    diffs = [abs(s["difference_pp"]) for s in savings if s.get("difference_pp") is not None]
+    if diffs:
+        print(
+            f"\ncompare: estimated vs measured saving, worst {max(diffs):.1f} pp over {len(diffs)} strategies"
+        )
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps({"meta": meta, "fit": rows, "compare_savings": savings}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
