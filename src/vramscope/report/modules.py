@@ -18,6 +18,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramscope.report.model import CATEGORY_NAMES
 from vramscope.tracking.events import (
     ALLOC,
     BACKWARD,
@@ -33,15 +34,7 @@ from vramscope.tracking.events import (
     EventLog,
 )
 
-CATEGORIES = (
-    "parameters",
-    "buffers",
-    "gradients",
-    "optimizer_state",
-    "activations",
-    "temporaries",
-    "other",
-)
+CATEGORIES = CATEGORY_NAMES
 OUTSIDE = "(outside modules)"
 TOP_TENSORS = 20
 
