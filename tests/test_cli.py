@@ -15,7 +15,11 @@ SCRIPT = ROOT / "tests" / "scripts" / "train_loop.py"
 
 def vramscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "vramscope", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+        [sys.executable, "-m", "vramscope", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
     )
 
 
@@ -49,7 +53,9 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
 def test_build_that_raises_shows_its_error(tmp_path):
     wl = tmp_path / "wl.py"
     wl.write_text("def build(batch_size, device):\n    return 1 / 0\n")
-    assert_one_line_error(vramscope("measure", f"{wl}:build"), "ZeroDivisionError: division by zero (at wl.py:2)")
+    assert_one_line_error(
+        vramscope("measure", f"{wl}:build"), "ZeroDivisionError: division by zero (at wl.py:2)"
+    )
 
 
 def test_report_of_a_file_that_is_not_a_report(tmp_path):
@@ -60,7 +66,9 @@ def test_report_of_a_file_that_is_not_a_report(tmp_path):
 
 def test_run_keeps_the_scripts_exit_code_and_saves_a_partial_report(tmp_path):
     out = tmp_path / "r.json"
-    proc = vramscope("run", "-q", "--json", str(out), str(SCRIPT), "--epochs", "1", "--exit-code", "3")
+    proc = vramscope(
+        "run", "-q", "--json", str(out), str(SCRIPT), "--epochs", "1", "--exit-code", "3"
+    )
     assert proc.returncode == 3
     report = json.loads(out.read_text())
     assert report["exit"] == {"status": "error", "code": 3, "error": "exited with 3"}
@@ -95,7 +103,9 @@ def test_ctrl_c_leaves_a_partial_report(tmp_path):
 
 def test_script_arguments_after_the_script_are_the_scripts(tmp_path):
     out = tmp_path / "r.json"
-    proc = vramscope("run", "-q", "--json", str(out), str(SCRIPT), "--epochs", "2", "--batches", "3")
+    proc = vramscope(
+        "run", "-q", "--json", str(out), str(SCRIPT), "--epochs", "2", "--batches", "3"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "epoch 1 loss" in proc.stdout
     report = json.loads(out.read_text())

@@ -44,7 +44,17 @@ def test_another_major_schema_is_refused():
 
 def test_recorded_gpu_report_has_the_contract_keys():
     data = json.loads((DATA / "report_h200_gpt.json").read_text())
-    for key in ("schema", "kind", "workload", "device", "peak", "categories_at_peak", "phases", "modules", "steps"):
+    for key in (
+        "schema",
+        "kind",
+        "workload",
+        "device",
+        "peak",
+        "categories_at_peak",
+        "phases",
+        "modules",
+        "steps",
+    ):
         assert key in data
     assert set(data["peak"]) >= {"allocated_bytes", "reserved_bytes", "device_used_bytes"}
     assert data["device"]["name"] == "NVIDIA H200"
@@ -59,7 +69,10 @@ def test_categories_at_the_peak_sum_to_the_peak():
 def test_reconciliation_from_tensors_to_the_device_total():
     end = next(r for r in load("report_h200_gpt.json").reconciliation if r.moment == "end")
     assert end.tensors.total() == end.allocated_bytes
-    assert end.allocated_bytes + end.slack.cached_free_bytes + end.slack.fragmentation_bytes == end.reserved_bytes
+    assert (
+        end.allocated_bytes + end.slack.cached_free_bytes + end.slack.fragmentation_bytes
+        == end.reserved_bytes
+    )
     assert end.reserved_bytes + end.context_and_libraries_bytes == end.device_used_bytes
     # the context and libraries on an H200 with torch 2.11: several hundred MiB
     assert 500 * 2**20 < end.context_and_libraries_bytes < 1200 * 2**20

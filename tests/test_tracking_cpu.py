@@ -19,7 +19,9 @@ def small_loop(epochs: int = 2, batches: int = 3, accumulate: int = 1) -> list[f
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = torch.nn.CrossEntropyLoss()  # a parameter-free module: not a step of its own
-    data = TensorDataset(torch.randn(batches * 4 * accumulate, 8), torch.randint(0, 2, (batches * 4 * accumulate,)))
+    data = TensorDataset(
+        torch.randn(batches * 4 * accumulate, 8), torch.randint(0, 2, (batches * 4 * accumulate,))
+    )
     losses = []
     for _ in range(epochs):
         for i, (x, y) in enumerate(DataLoader(data, batch_size=4)):
@@ -101,7 +103,10 @@ def test_every_hook_is_removed_also_after_an_exception():
     assert torch.autograd.backward is backward and torch.autograd.grad is grad
     assert torch.optim.Optimizer.zero_grad is zero_grad
     assert not module_mod._global_forward_hooks and not module_mod._global_forward_pre_hooks
-    assert not optimizer_mod._global_optimizer_pre_hooks and not optimizer_mod._global_optimizer_post_hooks
+    assert (
+        not optimizer_mod._global_optimizer_pre_hooks
+        and not optimizer_mod._global_optimizer_post_hooks
+    )
 
 
 def test_no_reference_to_user_tensors_is_kept():

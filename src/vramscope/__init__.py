@@ -11,13 +11,17 @@ __all__ = [
     "Session",
     "Workload",
     "__version__",
+    "compare",
     "devices",
+    "estimate",
+    "fit",
     "measure",
     "profile",
     "track",
 ]
 
 if TYPE_CHECKING:
+    from vramscope.fit.search import compare
     from vramscope.report.model import Report
     from vramscope.tracking.runner import measure
     from vramscope.tracking.session import Session, profile, track
@@ -29,16 +33,17 @@ _LAZY = {
     "track": "vramscope.tracking.session",
     "profile": "vramscope.tracking.session",
     "measure": "vramscope.tracking.runner",
+    "compare": "vramscope.fit.search",
     "Workload": "vramscope.workload",
 }
 
 
 def __getattr__(name: str) -> Any:
     """Import the public API lazily, so ``vramscope info`` starts without loading torch."""
-    if name == "devices":  # a callable module: vramscope.devices() and vramscope.devices.host()
-        import importlib
+    if name in ("devices", "estimate", "fit"):  # callable modules: vramscope.fit(...) and
+        import importlib  # vramscope.fit.search both work
 
-        return importlib.import_module("vramscope.devices")
+        return importlib.import_module(f"vramscope.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'vramscope' has no attribute {name!r}")

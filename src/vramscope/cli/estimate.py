@@ -1,0 +1,197 @@
+"""``vramscope estimate WORKLOAD --gpu NAME``: predict GPU memory without that GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vramscope.cli.common import check_paths, emit, output_options
+from vramscope.cli.measure import workload_options
+from vramscope.errors import VramscopeError
+from vramscope.report.model import Report
+from vramscope.units import format_bytes, parse_size
+
+
+@click.command(short_help="Predict peak GPU memory on a named GPU, without it.")
+@click.argument("workload", required=False)
+@workload_options
+@click.option(
+    "--gpu",
+    default="h200",
+    show_default=True,
+    help="GPU to predict for (see --list-gpus).",
+)
+@click.option("--memory", help="Override the GPU's total memory, e.g. 24GiB or 80GB.")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=2),
+    default=2,
+    show_default=True,
+    help="Steps to trace (the allocator replay repeats the last until reserved is stable).",
+)
+@click.option("--list-gpus", is_flag=True, help="List the GPU profiles and exit.")
+@click.option(
+    "--validate",
+    is_flag=True,
+    help="Also measure for real on this machine's GPU and print estimated vs measured.",
+)
+@output_options
+def command(
+    workload: str | None,
+    batch_size: int,
+    precision: str | None,
+    accumulate: int | None,
+    allocator_config: str | None,
+    gpu: str,
+    memory: str | None,
+    steps: int,
+    list_gpus: bool,
+    validate: bool,
+    json_path: str | None,
+    html_path: str | None,
+    trace_path: str | None,
+    csv_path: str | None,
+    quiet: bool,
+) -> None:
+    """Trace real steps of WORKLOAD (path/to/file.py:function, example:gpt, hf:gpt2, ...)
+    with fake tensors on an emulated GPU and predict peak allocated, reserved and device-used
+    memory, with a verdict: does it fit, and with how much room. Needs no GPU."""
+    from vramscope.estimate.profiles import PROFILES, get_profile
+
+    if list_gpus:
+        for profile in PROFILES:
+            click.echo(profile.describe())
+        return
+    if not workload:
+        raise click.UsageError("missing WORKLOAD (or give --list-gpus)")
+    profile = get_profile(gpu)  # unknown names fail here, before any work
+    if memory is not None:
+        parse_size(memory)
+    if validate:
+        _check_can_validate()
+    check_paths(json_path, html_path, trace_path, csv_path)
+    from vramscope.estimate.estimator import estimate
+
+    report = estimate(
+        workload,
+        batch_size=batch_size,
+        gpu=profile,
+        precision=precision,
+        accumulate=accumulate,
+        allocator_config=allocator_config,
+        memory=memory,
+        steps=steps,
+    )
+    if validate:
+        report.extra["validation"] = validate_report(
+            report, workload, batch_size, precision, accumulate, allocator_config
+        )
+    emit(report, json_path, html_path, trace_path, csv_path, quiet)
+    click.echo(verdict_line(report))
+    if validate:
+        click.echo(validation_table(report.extra["validation"]))
+
+
+def verdict_line(report: Report) -> str:
+    v = report.extra["verdict"]
+    where = ""
+    if report.peak.step is not None:
+        where = f"; peak allocated in step {report.peak.step}, {report.peak.phase}"
+    used = format_bytes(v["device_used_bytes"])
+    total = format_bytes(v["total_bytes"])
+    if v["fits"]:
+        return (
+            f"vramscope: fits on {v['gpu']}: {used} of {total}, headroom "
+            f"{format_bytes(v['headroom_bytes'])} ({v['headroom_pct']:.1f}%){where}"
+        )
+    return (
+        f"vramscope: does NOT fit on {v['gpu']}: needs {used} of {total} "
+        f"({format_bytes(-v['headroom_bytes'])} over){where}"
+    )
+
+
+def _check_can_validate() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise VramscopeError(
+            "--validate measures for real and needs a CUDA GPU; this machine has none"
+        )
+
+
+def validate_report(
+    report: Report,
+    workload: str,
+    batch_size: int,
+    precision: str | None,
+    accumulate: int | None,
+    allocator_config: str | None,
+) -> dict[str, Any]:
+    """Measure the same workload in a fresh process (a clean allocator and CUDA context) and
+    compare its peaks with the estimate's."""
+    steps = max(3, int(report.workload.get("steps") or 3))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "measured.json"
+        cmd = [sys.executable, "-m", "vramscope", "measure", workload, "-b", str(batch_size)]
+        if precision:
+            cmd += ["--precision", precision]
+        if accumulate:
+            cmd += ["--accumulate", str(accumulate)]
+        if allocator_config:
+            cmd += ["--allocator-config", allocator_config]
+        cmd += ["--steps", str(steps), "-q", "--json", str(out)]
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        if proc.returncode != 0 or not out.exists():
+            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            raise VramscopeError(f"--validate: measuring {workload} failed: {last}")
+        measured = json.loads(out.read_text())
+    peak = measured["peak"]
+    result: dict[str, Any] = {
+        "measured": {
+            "allocated_bytes": peak.get("allocated_bytes"),
+            "reserved_bytes": peak.get("reserved_bytes"),
+            "device_used_bytes": peak.get("device_used_bytes"),
+            "step": peak.get("step"),
+            "phase": peak.get("phase"),
+        },
+        "estimated": {
+            "allocated_bytes": report.peak.allocated_bytes,
+            "reserved_bytes": report.peak.reserved_bytes,
+            "device_used_bytes": report.peak.device_used_bytes,
+        },
+        "device": measured.get("device", {}).get("name"),
+        "torch_version": measured.get("device", {}).get("torch_version"),
+        "steps": steps,
+        "error_pct": {},
+    }
+    for key in ("allocated", "reserved", "device_used"):
+        real = result["measured"][f"{key}_bytes"]
+        est = result["estimated"][f"{key}_bytes"]
+        if real and est is not None:
+            result["error_pct"][key] = round(100 * (est / real - 1), 2)
+    return result
+
+
+def validation_table(v: dict[str, Any]) -> str:
+    lines = [
+        f"validation against a real run on {v.get('device')} (torch {v.get('torch_version')}):"
+    ]
+    lines.append(f"  {'':12s} {'estimated':>12s} {'measured':>12s} {'error':>8s}")
+    for key in ("allocated", "reserved", "device_used"):
+        est = v["estimated"].get(f"{key}_bytes")
+        real = v["measured"].get(f"{key}_bytes")
+        err = v["error_pct"].get(key)
+        lines.append(
+            f"  {key.replace('_', ' '):12s} {format_bytes(est):>12s} {format_bytes(real):>12s} "
+            + (f"{err:+7.2f}%" if err is not None else "    n/a")
+        )
+    return "\n".join(lines)

@@ -1,0 +1,688 @@
+"""``vramscope.estimate()``: predict a workload's GPU memory on a named GPU, without that GPU.
+
+Pipeline: trace real steps with fake tensors on an emulated CUDA device
+(:mod:`~vramscope.estimate.trace`, with :mod:`~vramscope.estimate.kernels` adding what CUDA
+kernels allocate for themselves) → replay the allocations through the caching-allocator
+simulator (:mod:`~vramscope.estimate.allocator`) for reserved memory, repeating the steady
+step until the allocator's reserved memory stops changing → add the profile's context and
+library memory for device used → the same :class:`~vramscope.report.model.Report` a measured
+run gives, with ``kind="estimated"`` and a verdict.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vramscope import __version__
+from vramscope.errors import VramscopeError
+from vramscope.estimate.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from vramscope.estimate.profiles import GpuProfile, get_profile
+from vramscope.estimate.trace import Trace, trace_workload
+from vramscope.report.findings import add_findings
+from vramscope.report.model import (
+    AllocatorSlack,
+    Categories,
+    Finding,
+    Peak,
+    PhaseStats,
+    Reconciliation,
+    Report,
+    Startup,
+    StepStats,
+)
+from vramscope.units import format_bytes, parse_size
+from vramscope.workload import Builder, normalize_precision, resolve
+
+PHASE_ORDER = ("data", "zero_grad", "forward", "backward", "optimizer", "other")
+MAX_SIMULATED_STEPS = 8
+MIN_SIMULATED_STEPS = 3
+_KIND_TO_CATEGORY = {
+    "parameter": "parameters",
+    "buffer": "buffers",
+    "gradient": "gradients",
+    "optimizer_state": "optimizer_state",
+    "activation": "activations",
+    "temporary": "temporaries",
+    "data": "temporaries",
+    "workspace": "other",
+    "other": "other",
+}
+
+
+def estimate(
+    workload: str | Builder,
+    batch_size: int,
+    gpu: str | GpuProfile = "h200",
+    precision: str | None = None,
+    accumulate: int | None = None,
+    allocator_config: str | None = None,
+    memory: str | int | None = None,
+    steps: int = 2,
+) -> Report:
+    """Predict peak allocated, reserved and device-used memory of ``workload`` on ``gpu``.
+
+    ``workload`` is a spec (``file.py:fn``, ``example:gpt``, ``hf:gpt2``…) or a build function
+    ``build(batch_size, device) -> Workload``. ``steps`` real steps are traced (at least 2:
+    the first step, and a steady one with optimizer state); the allocator replay repeats the
+    steady step until reserved memory stops growing. ``memory`` (``"24GiB"``) overrides the
+    GPU's total. ``allocator_config`` is ``PYTORCH_CUDA_ALLOC_CONF`` syntax; when None, the
+    ``PYTORCH_ALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF`` of this process apply, as on the GPU.
+    """
+    started = time.perf_counter()
+    profile = get_profile(gpu)
+    total = parse_size(memory) if memory is not None else profile.total_bytes
+    if total <= 0:
+        raise VramscopeError(f"--memory must be more than 0, not {memory!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise VramscopeError(f"batch size must be a whole number of 1 or more, not {batch_size!r}")
+    if precision is not None:
+        precision = normalize_precision(precision)
+    if accumulate is not None and int(accumulate) < 1:
+        raise VramscopeError(f"accumulate must be 1 or more, not {accumulate}")
+    if not isinstance(steps, int) or steps < 1:
+        raise VramscopeError(f"steps must be 1 or more, not {steps!r}")
+    config_text = (
+        allocator_config
+        if allocator_config is not None
+        else os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    )
+    config = AllocatorConfig.parse(config_text)
+    spec = resolve(workload)
+    trace = trace_workload(
+        spec, batch_size, profile, precision=precision, accumulate=accumulate, steps=max(steps, 2)
+    )
+    context = context_bytes(profile, trace)
+    capacity = max(0, total - context)
+    result = replay_trace(trace, config, capacity, total)
+    report = _report(spec.spec, batch_size, profile, total, config, config_text, trace, result)
+    report.extra["estimate"]["seconds"] = round(time.perf_counter() - started, 3)
+    return report
+
+
+def context_bytes(profile: GpuProfile, trace: Trace) -> int:
+    """The profile's context and library memory for what this step uses."""
+    return profile.context_bytes(
+        training=trace.backward_ran,
+        cudnn="cudnn" in trace.libraries,
+        cudnn_backward="cudnn_backward" in trace.libraries,
+    )
+
+
+# ---- replay ---------------------------------------------------------------------------------
+
+
+@dataclass
+class PhaseRun:
+    step: int
+    name: str
+    start_allocated: int = 0
+    end_allocated: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    count: int = 1
+
+
+@dataclass
+class Replay:
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    peak_step: int | None = None
+    peak_phase: str | None = None
+    peak_live: dict[int, int] = field(default_factory=dict)  # block -> allocated size, at peak
+    peak_fragmentation: int = 0
+    peak_requested: int = 0
+    after_build_allocated: int = 0
+    after_build_reserved: int = 0
+    steps: dict[int, list[PhaseRun]] = field(default_factory=dict)
+    step_bounds: dict[int, tuple[int, int]] = field(default_factory=dict)  # start/end alloc
+    traced_steps: int = 0
+    simulated_steps: int = 0
+    oom: bool = False
+    oom_request: int | None = None
+    oom_where: tuple[int, str] | None = None
+    num_alloc_retries: int = 0
+    num_segments: int = 0
+    reserved_at_end: int = 0
+    activations: dict[int, str] = field(default_factory=dict)  # block -> kind at peak
+    module_activations: dict[str, int] = field(default_factory=dict)
+    stable: bool = True
+
+
+def _slices(trace: Trace) -> list[tuple[int, int, int]]:
+    """(step, first event, end event) of each traced step."""
+    end = next((i for i, s, p in trace.marks if p == "end"), len(trace.events))
+    bounds = [*trace.step_starts, end]
+    return [(i, bounds[i], bounds[i + 1]) for i in range(len(trace.step_starts))]
+
+
+def _repeatable(trace: Trace, start: int, end: int) -> tuple[list[int], list[int]] | None:
+    """Blocks a steady step frees that an earlier step made (carry-in) and blocks it leaves
+    alive (carry-out); the step repeats only if they match in size, one for one."""
+    allocated: set[int] = set()
+    carry_in: list[int] = []
+    for event in trace.events[start:end]:
+        if event[0] == "alloc":
+            allocated.add(event[1])
+        elif event[0] == "free" and event[1] not in allocated:
+            carry_in.append(event[1])
+    freed = {e[1] for e in trace.events[start:end] if e[0] == "free"}
+    carry_out = [b for b in allocated if b not in freed]
+    carry_out.sort()
+    sizes_in = sorted(trace.blocks[b].size for b in carry_in)
+    sizes_out = sorted(trace.blocks[b].size for b in carry_out)
+    if sizes_in != sizes_out:
+        return None
+    return carry_in, carry_out
+
+
+def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: int) -> Replay:
+    """Run the trace's allocations through the simulator: build, set-up, the traced steps,
+    then the last traced step again until reserved memory is stable. With ``capacity`` the
+    memory the allocator can get, an out-of-memory stops nothing: the replay continues
+    without the failed block and the report says where it happened."""
+    sim = CachingAllocatorSim(config, capacity, device_total_bytes=total)
+    out = Replay()
+    blocks = trace.blocks
+    kinds: dict[int, str] = {}
+    ids: dict[int, int] = {}  # trace block id (or synthetic) -> sim id
+    sizes: dict[int, int] = {}
+    failed: set[int] = set()
+    live_alloc = 0
+
+    def alloc(key: int, size: int, where: tuple[int, str]) -> None:
+        nonlocal live_alloc
+        try:
+            ids[key] = sim.malloc(size, 0)
+        except SimulatedOOM:
+            failed.add(key)
+            if not out.oom:
+                out.oom, out.oom_request, out.oom_where = True, size, where
+            return
+        sizes[key] = size
+
+    def free(key: int) -> None:
+        if key in failed:
+            failed.discard(key)
+            return
+        sid = ids.pop(key, None)
+        if sid is not None:
+            sim.free(sid)
+            sizes.pop(key, None)
+
+    # build and set-up
+    for event in trace.events[: trace.setup_end]:
+        if event[0] == "alloc":
+            alloc(event[1], event[2], (-1, "build"))
+            kinds[event[1]] = blocks[event[1]].kind
+        elif event[0] == "free":
+            free(event[1])
+        elif event[0] == "empty_cache":
+            sim.empty_cache()
+    out.after_build_allocated = sim.allocated_bytes
+    out.after_build_reserved = sim.reserved_bytes
+
+    marks_by_index: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for index, step, phase in trace.marks:
+        marks_by_index[index].append((step, phase))
+    slices = _slices(trace)
+    out.traced_steps = len(slices)
+
+    def run(step: int, start: int, end: int, mapping: dict[int, int] | None) -> None:
+        """Replay events [start, end) as ``step``; ``mapping`` renames trace ids (repeats)."""
+        phases: list[PhaseRun] = []
+        current: PhaseRun | None = None
+        alloc_before = sim.allocated_bytes
+        for index in range(start, end):
+            for _, phase in marks_by_index.get(index, ()):
+                if current is not None:
+                    current.end_allocated = sim.allocated_bytes
+                current = _open_phase(phases, step, phase, sim.allocated_bytes, sim.reserved_bytes)
+                if phase == "backward":
+                    _mark_activations(sizes, kinds, blocks, mapping, out, step, len(slices) - 1)
+            event = trace.events[index]
+            kind = event[0]
+            if kind == "alloc":
+                key = event[1] if mapping is None else mapping.setdefault(event[1], _fresh())
+                kinds[key] = blocks[event[1]].kind
+                phase_name = current.name if current else "data"
+                alloc(key, event[2], (step, phase_name))
+                allocated = sim.allocated_bytes
+                if current is not None:
+                    if allocated > current.peak_allocated:
+                        current.peak_allocated = allocated
+                    reserved = sim.reserved_bytes
+                    if reserved > current.peak_reserved:
+                        current.peak_reserved = reserved
+                if allocated > out.peak_allocated:
+                    out.peak_allocated = allocated
+                    out.peak_step = step
+                    out.peak_phase = phase_name
+                    out.peak_live = dict(sizes) if _worth_copy(out, allocated) else out.peak_live
+                    out.peak_fragmentation = sim.inactive_split_bytes
+                    out.peak_requested = sim.requested_bytes
+                    out.activations = {k: kinds.get(k, "temporary") for k in out.peak_live}
+                if sim.reserved_bytes > out.peak_reserved:
+                    out.peak_reserved = sim.reserved_bytes
+            elif kind == "free":
+                key = event[1] if mapping is None else mapping.get(event[1], event[1])
+                free(key)
+            elif kind == "empty_cache":
+                sim.empty_cache()
+        if current is not None:
+            current.end_allocated = sim.allocated_bytes
+        out.steps[step] = phases
+        out.step_bounds[step] = (alloc_before, sim.allocated_bytes)
+
+    for step, start, end in slices:
+        run(step, start, end, None)
+
+    # the steady step again, until reserved stops moving
+    last_step, start, end = slices[-1]
+    carry = _repeatable(trace, start, end) if len(slices) >= 2 else None
+    step = last_step
+    if carry is not None:
+        carry_in, carry_out = carry
+        previous_out = list(carry_out)
+        while step + 1 < MAX_SIMULATED_STEPS:
+            reserved_before = sim.reserved_bytes
+            step += 1
+            mapping: dict[int, int] = {}
+            # carry-in frees of this repeat are the previous repeat's carry-out blocks
+            by_size: dict[int, list[int]] = defaultdict(list)
+            for b in previous_out:
+                by_size[sizes.get(b, -1)].append(b)
+            for b in carry_in:
+                bucket = by_size.get(blocks[b].size)
+                if bucket:
+                    mapping[b] = bucket.pop(0)
+            run(step, start, end, mapping)
+            previous_out = [mapping.get(b, b) for b in carry_out]
+            if step + 1 >= MIN_SIMULATED_STEPS and sim.reserved_bytes == reserved_before:
+                break
+        out.stable = sim.reserved_bytes == reserved_before if step > last_step else True
+    out.simulated_steps = step + 1
+    out.num_alloc_retries = sim.num_alloc_retries
+    out.num_segments = sim.num_segments
+    out.reserved_at_end = sim.reserved_bytes
+    return out
+
+
+_FRESH = [1 << 40]
+
+
+def _fresh() -> int:
+    _FRESH[0] += 1
+    return _FRESH[0]
+
+
+def _worth_copy(out: Replay, allocated: int) -> bool:
+    return True
+
+
+def _open_phase(
+    phases: list[PhaseRun], step: int, name: str, allocated: int, reserved: int
+) -> PhaseRun:
+    run = PhaseRun(step, name, allocated, allocated, allocated, reserved)
+    phases.append(run)
+    return run
+
+
+def _mark_activations(
+    sizes: dict[int, int],
+    kinds: dict[int, str],
+    blocks: dict[int, Any],
+    mapping: dict[int, int] | None,
+    out: Replay,
+    step: int,
+    last_traced: int,
+) -> None:
+    """Where backward begins, what forward made and is still alive is saved for backward."""
+    reverse = {v: k for k, v in mapping.items()} if mapping else {}
+    for key in sizes:
+        if kinds.get(key) in ("temporary", "data"):
+            original = reverse.get(key, key)
+            meta = blocks.get(original)
+            if meta is not None and meta.phase in ("forward", "data"):
+                kinds[key] = "activation"
+                if step == last_traced:
+                    owner = meta.module or ""
+                    out.module_activations[owner] = (
+                        out.module_activations.get(owner, 0) + sizes[key]
+                    )
+
+
+# ---- the report --------------------------------------------------------------------------------
+
+
+def _report(
+    spec: str,
+    batch_size: int,
+    profile: GpuProfile,
+    total: int,
+    config: AllocatorConfig,
+    config_text: str | None,
+    trace: Trace,
+    result: Replay,
+) -> Report:
+    context = context_bytes(profile, trace)
+    report = Report(
+        kind="estimated",
+        vramscope_version=__version__,
+        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        workload={
+            "spec": spec,
+            "batch_size": batch_size,
+            "precision": trace.precision,
+            "accumulate": trace.accumulate,
+            "allocator_config": config_text,
+            "steps": result.simulated_steps,
+            "training": trace.training,
+            "parameters": trace.parameters,
+        },
+        device={
+            "type": "cuda",
+            "name": profile.display_name,
+            "profile": profile.name,
+            "total_bytes": total,
+            "capability": f"{profile.capability[0]}.{profile.capability[1]}",
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "emulated": True,
+            "calibrated": profile.calibrated,
+        },
+        host={"estimated_on": platform.node() or "?", "machine": platform.machine()},
+    )
+    peak_reserved = max(result.peak_reserved, result.after_build_reserved)
+    report.peak = Peak(
+        allocated_bytes=result.peak_allocated,
+        reserved_bytes=peak_reserved,
+        device_used_bytes=peak_reserved + context,
+        step=result.peak_step,
+        phase=result.peak_phase,
+    )
+    report.unavailable["peak.host_rss_bytes"] = "an estimate does not run the workload"
+    report.startup = Startup(
+        context_and_libraries_bytes=context,
+        after_build_allocated_bytes=result.after_build_allocated,
+        after_build_reserved_bytes=result.after_build_reserved,
+    )
+    report.steps = _steps(result)
+    report.phases = _run_phases(report.steps)
+    cats = _categories(result)
+    report.categories_at_peak = cats
+    report.categories_note = (
+        "estimated: every allocation of the trace is labelled -- parameters, buffers, "
+        "gradients and optimizer state from the objects; activations are what forward made "
+        "and backward still needed; temporaries the rest; other the cuBLAS workspaces and "
+        f"what build() left on the device. The peak is in the {result.peak_phase} phase of "
+        f"step {result.peak_step}"
+    )
+    report.modules = _modules(trace, result)
+    fragmentation = min(result.peak_fragmentation, max(0, peak_reserved - result.peak_allocated))
+    rounding = max(0, result.peak_allocated - result.peak_requested)
+    rec = Reconciliation(
+        moment="peak",
+        tensors=cats,
+        requested_bytes=result.peak_requested,
+        allocated_bytes=result.peak_allocated,
+        slack=AllocatorSlack(
+            cached_free_bytes=max(0, peak_reserved - result.peak_allocated - fragmentation),
+            fragmentation_bytes=fragmentation,
+            rounding_bytes=rounding,
+        ),
+        reserved_bytes=peak_reserved,
+        context_and_libraries_bytes=context,
+        device_used_bytes=peak_reserved + context,
+        other_processes_bytes=0,
+        total_bytes=total,
+        free_bytes=total - peak_reserved - context,
+        note=(
+            "estimated: reserved from the caching-allocator simulation (its fragmentation "
+            "where allocated peaks), context and libraries from the GPU profile"
+            + ("" if profile.calibrated else " (uncalibrated)")
+        ),
+    )
+    report.reconciliation = [rec]
+    used = peak_reserved + context
+    fits = not result.oom and used <= total
+    headroom = total - used
+    report.extra["verdict"] = {
+        "fits": fits,
+        "headroom_bytes": headroom,
+        "headroom_pct": round(100.0 * headroom / total, 2),
+        "total_bytes": total,
+        "gpu": profile.name,
+        "device_used_bytes": used,
+        "oom_at": (
+            {
+                "step": result.oom_where[0],
+                "phase": result.oom_where[1],
+                "request_bytes": result.oom_request,
+            }
+            if result.oom and result.oom_where
+            else None
+        ),
+    }
+    report.extra["estimate"] = {
+        "gpu": profile.name,
+        "calibrated": profile.calibrated,
+        "profile_note": profile.note,
+        "traced_steps": result.traced_steps,
+        "simulated_steps": result.simulated_steps,
+        "reserved_stable": result.stable,
+        "trace_seconds": round(trace.seconds, 3),
+        "build_seconds": trace.build_seconds,
+        "step_seconds": trace.step_seconds,
+        "events": len(trace.events),
+        "sdpa_kernels": trace.sdpa,
+        "workspaces_bytes": trace.workspaces,
+        "libraries": sorted(trace.libraries),
+        "data_dependent": trace.data_dependent,
+        "notes": trace.notes,
+        "torch_version": torch.__version__,
+    }
+    report.extra["allocator"] = {
+        "config": str(config) or None,
+        "num_alloc_retries": result.num_alloc_retries,
+        "segments": result.num_segments,
+        "simulated": True,
+    }
+    add_findings(report)
+    _estimate_findings(report, profile, trace, result)
+    return report
+
+
+def _steps(result: Replay) -> list[StepStats]:
+    steps: list[StepStats] = []
+    for index in sorted(result.steps):
+        runs = result.steps[index]
+        merged: dict[str, PhaseStats] = {}
+        for run in runs:
+            stats = merged.get(run.name)
+            if stats is None:
+                stats = merged[run.name] = PhaseStats(
+                    name=run.name,
+                    peak_allocated_bytes=run.peak_allocated,
+                    peak_reserved_bytes=run.peak_reserved,
+                    start_allocated_bytes=run.start_allocated,
+                    end_allocated_bytes=run.end_allocated,
+                    count=0,
+                    step=index,
+                )
+            stats.count += 1
+            stats.peak_allocated_bytes = max(stats.peak_allocated_bytes or 0, run.peak_allocated)
+            stats.peak_reserved_bytes = max(stats.peak_reserved_bytes or 0, run.peak_reserved)
+            stats.end_allocated_bytes = run.end_allocated
+        phases = sorted(
+            (p for p in merged.values() if p.name in PHASE_ORDER),
+            key=lambda p: PHASE_ORDER.index(p.name),
+        )
+        start, end = result.step_bounds.get(index, (None, None))
+        backwards = next((p.count for p in phases if p.name == "backward"), 0)
+        forwards = next((p.count for p in phases if p.name == "forward"), 0)
+        steps.append(
+            StepStats(
+                index=index,
+                mode="train" if backwards else "eval",
+                micro_batches=backwards or forwards,
+                peak_allocated_bytes=max((p.peak_allocated_bytes or 0 for p in phases), default=0),
+                peak_reserved_bytes=max((p.peak_reserved_bytes or 0 for p in phases), default=0),
+                start_allocated_bytes=start,
+                end_allocated_bytes=end,
+                phases=phases,
+            )
+        )
+    return steps
+
+
+def _run_phases(steps: list[StepStats]) -> list[PhaseStats]:
+    merged: dict[str, PhaseStats] = {}
+    for step in steps:
+        for p in step.phases:
+            m = merged.get(p.name)
+            if m is None:
+                m = merged[p.name] = PhaseStats(name=p.name, count=0, step=step.index)
+            m.count += p.count
+            if (
+                m.peak_allocated_bytes is None
+                or (p.peak_allocated_bytes or 0) > m.peak_allocated_bytes
+            ):
+                m.peak_allocated_bytes = p.peak_allocated_bytes
+                m.start_allocated_bytes = p.start_allocated_bytes
+                m.end_allocated_bytes = p.end_allocated_bytes
+                m.step = step.index
+            m.peak_reserved_bytes = max(m.peak_reserved_bytes or 0, p.peak_reserved_bytes or 0)
+    return sorted(merged.values(), key=lambda p: PHASE_ORDER.index(p.name))
+
+
+def _categories(result: Replay) -> Categories:
+    sums: dict[str, int] = defaultdict(int)
+    for key, size in result.peak_live.items():
+        kind = result.activations.get(key, "temporary")
+        sums[_KIND_TO_CATEGORY.get(kind, "temporaries")] += -(-size // 512) * 512
+    counted = sum(sums.values())
+    # blocks the allocator did not split keep their remainder: allocated, in no tensor
+    sums["other"] += max(0, result.peak_allocated - counted)
+    return Categories(
+        parameters=sums["parameters"],
+        buffers=sums["buffers"],
+        gradients=sums["gradients"],
+        optimizer_state=sums["optimizer_state"],
+        activations=sums["activations"],
+        temporaries=sums["temporaries"],
+        other=sums["other"],
+    )
+
+
+def _modules(trace: Trace, result: Replay, depth: int = 2, limit: int = 40) -> list[dict[str, Any]]:
+    """The module tree to ``depth`` (each module with its descendants): what it owns and the
+    activations it saves for backward; pre-order, the largest sibling first."""
+    rows = {r["name"]: r for r in trace.modules}
+    keys = ("parameters_bytes", "buffers_bytes", "gradients_bytes", "optimizer_state_bytes")
+    totals: dict[str, dict[str, int]] = {
+        name: dict.fromkeys((*keys, "activations_bytes"), 0) for name in rows
+    }
+
+    def chain(name: str) -> list[str]:
+        parts = name.split(".") if name else []
+        return ["", *(".".join(parts[: i + 1]) for i in range(len(parts)))]
+
+    for name, row in rows.items():
+        for anc in chain(name):
+            if anc in totals:
+                for k in keys:
+                    totals[anc][k] += row.get(k, 0)
+    for name, size in result.module_activations.items():
+        for anc in chain(name if name in rows else ""):
+            if anc in totals:
+                totals[anc]["activations_bytes"] += size
+    peak = result.peak_allocated or 1
+    children: dict[str, list[str]] = defaultdict(list)
+    for name in rows:
+        if name:
+            children[name.rsplit(".", 1)[0] if "." in name else ""].append(name)
+    table: list[dict[str, Any]] = []
+
+    def visit(name: str) -> None:
+        if len(table) >= limit or name not in rows:
+            return
+        acc = totals[name]
+        total = sum(acc.values())
+        table.append(
+            {
+                "name": name,
+                "class": rows[name]["class"],
+                "depth": rows[name]["depth"],
+                **acc,
+                "total_bytes": total,
+                "share_of_peak": round(total / peak, 4),
+            }
+        )
+        if rows[name]["depth"] >= depth:
+            return
+        for child in sorted(children.get(name, ()), key=lambda c: -sum(totals[c].values())):
+            if sum(totals[child].values()):
+                visit(child)
+
+    visit("")
+    return table
+
+
+def _estimate_findings(report: Report, profile: GpuProfile, trace: Trace, result: Replay) -> None:
+    verdict = report.extra["verdict"]
+    total = verdict["total_bytes"]
+    used = verdict["device_used_bytes"]
+    if verdict["fits"]:
+        report.findings.insert(
+            0,
+            Finding(
+                "verdict",
+                "info",
+                f"fits on {profile.display_name}: {format_bytes(used)} of "
+                f"{format_bytes(total)}, headroom {format_bytes(verdict['headroom_bytes'])} "
+                f"({verdict['headroom_pct']:.1f}%)",
+            ),
+        )
+    else:
+        where = ""
+        if result.oom_where:
+            where = (
+                f"; it runs out in the {result.oom_where[1]} phase of step {result.oom_where[0]}"
+            )
+        report.findings.insert(
+            0,
+            Finding(
+                "verdict",
+                "error",
+                f"does not fit on {profile.display_name}: needs {format_bytes(used)} of "
+                f"{format_bytes(total)}{where}",
+            ),
+        )
+    if not profile.calibrated:
+        report.findings.append(
+            Finding(
+                "uncalibrated",
+                "info",
+                f"the {profile.name} profile is uncalibrated: device used adds a guessed "
+                f"{format_bytes(report.startup.context_and_libraries_bytes)} for the CUDA context and "
+                "libraries",
+            )
+        )
+    for item in trace.data_dependent[:5]:
+        report.findings.append(
+            Finding(
+                "data_dependent",
+                "info",
+                f"data-dependent op, traced with a plausible value: {item}",
+            )
+        )
+    for note in trace.notes[:5]:
+        report.findings.append(Finding("estimate_note", "info", note))

@@ -1,0 +1,487 @@
+"""CUDA-specific memory that a fake-tensor trace does not show by itself.
+
+Fake tensors run each op's meta kernel: the right outputs, but not which kernel CUDA would
+pick, nor the buffers a CUDA kernel or library allocates through the caching allocator for
+its own use. This module supplies both, from reading torch's CUDA sources (torch 2.9–2.13):
+
+* **Scaled-dot-product attention** (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``):
+  :func:`choose_sdpa_backend` answers ``aten::_fused_sdp_choice`` as the profiled GPU would
+  (cuDNN first on sm90/sm100, then FlashAttention-2 for fp16/bf16 on sm80+ without a mask,
+  then memory-efficient attention for sm50+, else math). The fused op then runs with its real
+  autograd formula, so what is saved for backward is exact: the output and a float32
+  logsumexp of (B, H, L) (FlashAttention, cuDNN) or (B, H, ⌈L/32⌉·32) (memory-efficient),
+  instead of the (B, H, L, L) attention matrix the math path materializes on a CPU.
+* **Attention backward buffers**: FlashAttention-2 allocates ``softmax_d`` (B, H, L₁₂₈) and a
+  float32 ``dq_accum`` (B, L₁₂₈, H, D₃₂) (``flash_api.cpp``; L₁₂₈: L rounded up to 128),
+  and expanded dK/dV for grouped-query attention; cuDNN's backward workspace holds the same
+  float32 dQ accumulator; memory-efficient attention a float32 ``delta`` (B, H, L) and, for
+  fp16/bf16, a float32 dQ accumulator.
+* **cuBLAS and cuBLASLt workspaces** (``aten/src/ATen/cuda/CublasHandlePool.cpp``): the first
+  GEMM of a thread allocates a workspace for that thread's cuBLAS handle on the current
+  stream -- ``CUBLAS_WORKSPACE_CONFIG`` or 32 MiB on sm90+ (8 MiB + 128 KiB before) -- kept for
+  the life of the process; a GEMM with a fused bias (``addmm`` with a 1-D bias, the
+  ``nn.Linear`` path, run by cuBLASLt) allocates the cuBLASLt workspace,
+  ``CUBLASLT_WORKSPACE_SIZE`` KiB or 1 MiB, once per handle. Forward and the optimizer run on
+  the main thread, backward on autograd's device thread: two handles, two workspaces.
+* **Embedding backward** (``Embedding.cu``, ``embedding_backward_cuda_kernel``): sorting the
+  indices takes a few int64 arrays of the index count, and the per-segment partial sums a
+  float32 row per index (an upper bound: one segment per index).
+* **cuDNN convolutions** choose an engine by heuristics (``benchmark=False``) whose workspace
+  depends on the cuDNN version and the engine; it is not modelled (counted as zero) -- the
+  accuracy benchmark shows what that costs on CNNs.
+
+Everything here is a global rule from those sources; nothing is fitted to a workload.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+if TYPE_CHECKING:
+    from vramscope.estimate.profiles import GpuProfile
+    from vramscope.estimate.trace import Recorder
+
+aten = torch.ops.aten
+MATH, FLASH, EFFICIENT, CUDNN = 0, 1, 2, 3
+BACKEND_NAMES = {MATH: "math", FLASH: "flash", EFFICIENT: "efficient", CUDNN: "cudnn"}
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _round(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+# ---- scaled-dot-product attention -----------------------------------------------------------
+
+
+def _enabled(name: str) -> bool:
+    getter = getattr(torch._C, f"_get_{name}_sdp_enabled", None)
+    return bool(getter()) if getter is not None else True
+
+
+def _prefer_cudnn(profile: GpuProfile) -> bool:
+    setting = os.environ.get("TORCH_CUDNN_SDPA_PREFERRED", "").strip().lower()
+    if setting in ("0", "false", "off", "no"):
+        return False
+    return profile.prefers_cudnn_attention
+
+
+def sdpa_backend(
+    profile: GpuProfile,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    enable_gqa: bool = False,
+) -> int:
+    """The backend ``select_sdp_backend`` would return on the profiled GPU."""
+    dtype = query.dtype
+    dims_ok = query.dim() == 4 and key.dim() == 4 and value.dim() == 4
+    d_qk, d_v = query.shape[-1], value.shape[-1]
+    lq, lk = query.shape[-2], key.shape[-2]
+    heads_q, heads_k = (query.shape[1], key.shape[1]) if dims_ok else (1, 1)
+    nonzero = lq > 0 and lk > 0
+    needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
+
+    def cudnn_ok() -> bool:
+        return (
+            _enabled("cudnn")
+            and dims_ok
+            and nonzero
+            and dtype in HALF
+            and profile.sm >= 80
+            and d_qk == d_v
+            and d_qk % 8 == 0
+            and d_qk <= 128
+            and heads_q == heads_k
+            and not (is_causal and attn_mask is not None)
+        )
+
+    def flash_ok() -> bool:
+        if not (_enabled("flash") and dims_ok and nonzero and profile.flash_attention):
+            return False
+        if dtype not in HALF or attn_mask is not None or d_qk != d_v or d_qk > 256:
+            return False
+        if is_causal and lq != lk and lq > 1:
+            return False  # check_flash_causal_non_square_seqlens
+        if heads_q != heads_k and not enable_gqa:
+            return False
+        return not (profile.sm in (86, 89, 120, 121) and needs_grad and d_qk > 192)
+
+    def efficient_ok() -> bool:
+        if not (_enabled("mem_efficient") and nonzero and profile.efficient_attention):
+            return False
+        if query.dim() not in (3, 4):
+            return False
+        if dtype == torch.bfloat16 and profile.sm < 80:
+            return False
+        if dtype not in (torch.float32, *HALF):
+            return False
+        align = 8 if dtype in HALF else (4 if profile.sm >= 80 else 1)
+        if d_qk != key.shape[-1] or d_qk % align or d_v % align:
+            return False
+        # grouped-query attention goes to flash or math: the memory-efficient kernel's
+        # backward returns gradients for every query head
+        return heads_q == heads_k
+
+    order = [(FLASH, flash_ok), (EFFICIENT, efficient_ok)]
+    if _prefer_cudnn(profile):
+        order.insert(0, (CUDNN, cudnn_ok))
+    for backend, ok in order:
+        if ok():
+            return backend
+    return MATH
+
+
+def choose_sdpa_backend(
+    profile: GpuProfile,
+    recorder: Recorder,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> int:
+    """Answer ``aten::_fused_sdp_choice`` for a fake CUDA call and count the choice."""
+    backend = sdpa_backend(profile, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    if backend == CUDNN and not _has_fake_kernel("_scaled_dot_product_cudnn_attention"):
+        backend = FLASH  # same memory: output and float32 (B, H, L) statistics
+    name = BACKEND_NAMES[backend]
+    with recorder.lock:
+        recorder.sdpa[name] = recorder.sdpa.get(name, 0) + 1
+    return backend
+
+
+class AttentionKernels(TorchFunctionMode):
+    """Run ``F.scaled_dot_product_attention`` on fake CUDA tensors as CUDA would.
+
+    The C++ composite picks its kernel through a per-device stub that a CPU build of torch
+    does not have for CUDA, so it would always take the math path. This mode makes the choice
+    with :func:`sdpa_backend` and calls the fused op the way
+    ``aten/src/ATen/native/transformers/attention.cpp`` does (boolean masks converted to
+    additive ones, head dims padded to 8 for FlashAttention, masks padded to 16 for
+    memory-efficient attention)."""
+
+    def __init__(self, profile: GpuProfile, recorder: Recorder) -> None:
+        super().__init__()
+        self.profile = profile
+        self.recorder = recorder
+
+    def __enter__(self) -> AttentionKernels:
+        # Torch-function modes do not follow autograd to its device thread, where activation
+        # checkpointing recomputes forward: patch the module attribute as well.
+        import torch.nn.functional as F
+
+        self._original = F.scaled_dot_product_attention
+        original = self._original
+
+        def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
+            result = self._sdpa(*args, **kwargs)
+            return original(*args, **kwargs) if result is NotImplemented else result
+
+        F.scaled_dot_product_attention = scaled_dot_product_attention
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch.nn.functional as F
+
+        F.scaled_dot_product_attention = self._original
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch._C._nn.scaled_dot_product_attention:
+            result = self._sdpa(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return func(*args, **kwargs)
+
+    def _sdpa(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        if not (_on_cuda(query) and _on_cuda(key) and _on_cuda(value)):
+            return NotImplemented
+        if torch.is_autocast_enabled("cuda"):
+            # scaled_dot_product_attention is on CUDA autocast's lower-precision list; this
+            # runs above the autocast kernel, so cast as it would
+            dtype = torch.get_autocast_dtype("cuda")
+            query, key, value = (
+                t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
+                for t in (query, key, value)
+            )
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(dtype)
+        backend = choose_sdpa_backend(
+            self.profile,
+            self.recorder,
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        if backend == MATH:
+            return NotImplemented
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(
+                attn_mask.logical_not(), float("-inf")
+            )
+        grad = torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad
+        )
+        if backend == CUDNN:
+            out = aten._scaled_dot_product_cudnn_attention(
+                query, key, value, attn_mask, grad, dropout_p, is_causal, False, scale=scale
+            )
+            return out[0]
+        if backend == FLASH:
+            size = query.shape[-1]
+            og_scale = scale if scale is not None else 1.0 / math.sqrt(size)
+            if size % 8:
+                pad = 8 - size % 8
+                query, key, value = (
+                    torch.nn.functional.pad(t, (0, pad)) for t in (query, key, value)
+                )
+            out = aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=og_scale
+            )[0]
+            return out[..., :size] if out.shape[-1] != size else out
+        if attn_mask is not None:
+            last = attn_mask.shape[-1]
+            if last % 16:
+                attn_mask = torch.nn.functional.pad(attn_mask, (0, 16 - last % 16))[..., :last]
+            target = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+            attn_mask = attn_mask.expand(target)
+        return aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, grad, dropout_p, is_causal, scale=scale
+        )[0]
+
+
+_FAKE_KERNELS: dict[str, bool] = {}
+
+
+def _has_fake_kernel(op: str) -> bool:
+    if op not in _FAKE_KERNELS:
+        packet = getattr(aten, op, None)
+        ok = packet is not None
+        if ok:
+            try:
+                ok = (
+                    torch._C._dispatch_has_kernel_for_dispatch_key(packet.default.name(), "Meta")
+                    or packet.default in torch._decomp.meta_table
+                )
+            except Exception:
+                ok = False
+        _FAKE_KERNELS[op] = ok
+    return _FAKE_KERNELS[op]
+
+
+# ---- cuBLAS workspaces -------------------------------------------------------------------------
+
+_CUBLAS_OPS = {
+    aten.mm.default,
+    aten.bmm.default,
+    aten.baddbmm.default,
+    aten.addbmm.default,
+    aten.addmv.default,
+    aten.mv.default,
+    aten.dot.default,
+    aten.vdot.default,
+    aten.addr.default,
+    aten.mm.out,
+    aten.bmm.out,
+}
+_LT_OPS = {aten._addmm_activation.default}
+
+
+def cublas_workspace_bytes(profile: GpuProfile) -> int:
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if config:
+        pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+        if pairs:
+            return sum(int(size) * 1024 * int(count) for size, count in pairs)
+    return profile.cublas_workspace_bytes
+
+
+def cublaslt_workspace_bytes() -> int:
+    text = os.environ.get("CUBLASLT_WORKSPACE_SIZE")
+    try:
+        return int(text) * 1024 if text else 1024 * 1024
+    except ValueError:
+        return 1024 * 1024
+
+
+def _uses_cublaslt(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``addmm_out_cuda_impl``: a 1-D bias the size of the output's columns, beta 1, a float
+    type, both matrices with more than one row/column -> cuBLASLt ``gemm_and_bias``."""
+    bias, mat1, mat2 = args[0], args[1], args[2]
+    beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
+    return (
+        isinstance(bias, torch.Tensor)
+        and bias.dim() == 1
+        and mat2.dim() == 2
+        and mat1.dim() == 2
+        and bias.shape[0] == mat2.shape[1]
+        and beta == 1
+        and mat1.dtype in (torch.float32, *HALF)
+        and mat1.shape[0] > 1
+        and mat2.shape[0] > 1
+        and mat2.shape[1] > 1
+    )
+
+
+def _workspace(recorder: Recorder, library: str, size: int) -> None:
+    # On the GPU backward runs on autograd's device thread, with its own cuBLAS handle; the
+    # trace runs it on the calling thread, so tell the two apart by phase.
+    key = ("autograd" if recorder.in_backward else "main", library)
+    if key in recorder.threads_with_workspace:
+        return
+    bid = recorder.persistent(size, "workspace", f"{library} workspace")
+    if bid is not None:
+        recorder.threads_with_workspace[key] = bid
+        recorder.workspaces[library] = recorder.workspaces.get(library, 0) + size
+
+
+# ---- what each op adds -----------------------------------------------------------------------
+
+
+def _nbytes(shape: tuple[int, ...] | list[int], itemsize: int) -> int:
+    n = itemsize
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def after_op(
+    profile: GpuProfile,
+    recorder: Recorder,
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: Any,
+) -> None:
+    """Allocations a CUDA kernel makes besides its outputs, recorded after the op's outputs."""
+    if func not in _INTERESTING:
+        return
+    if func in _CUBLAS_OPS:
+        if _on_cuda(args[0]):
+            _workspace(recorder, "cublas", cublas_workspace_bytes(profile))
+        return
+    if func is aten.addmm.default:
+        if _on_cuda(args[1]):
+            if _uses_cublaslt(args, kwargs):
+                _workspace(recorder, "cublaslt", cublaslt_workspace_bytes())
+            else:
+                _workspace(recorder, "cublas", cublas_workspace_bytes(profile))
+        return
+    if func in _LT_OPS:
+        if _on_cuda(args[1]):
+            _workspace(recorder, "cublaslt", cublaslt_workspace_bytes())
+        return
+    if func in _CUDNN_FORWARD:
+        recorder.libraries.add("cudnn")
+    elif func in _CUDNN_BACKWARD:
+        recorder.libraries.add("cudnn_backward")
+    if func in _ATTENTION_FORWARD:
+        seeds = _ATTENTION_FORWARD[func]
+        dropout = args[seeds[2]] if len(args) > seeds[2] else kwargs.get("dropout_p", 0.0)
+        if not dropout and isinstance(out, (tuple, list)):
+            for index in seeds[:2]:
+                recorder.forget(out[index])
+        return
+    if func is aten._scaled_dot_product_flash_attention_backward.default:
+        _flash_backward(recorder, args)
+    elif func is aten._scaled_dot_product_cudnn_attention_backward.default:
+        q = args[1]
+        b, h, lq, d = q.shape
+        recorder.transient(
+            _nbytes((b, h, lq, d), 4) + _nbytes((b, h, lq), 4), "temporary", "cuDNN attention bwd"
+        )
+    elif func is aten._scaled_dot_product_efficient_attention_backward.default:
+        q = args[1]
+        b, h, lq, d = q.shape
+        size = _nbytes((b, h, lq), 4)
+        if q.dtype in HALF and args[2].shape[-2] > 64:
+            size += _nbytes((b, lq, h, d), 4)  # float32 dQ accumulator across key blocks
+        recorder.transient(size, "temporary", "efficient attention bwd")
+    elif func is aten.embedding_dense_backward.default:
+        grad, indices = args[0], args[1]
+        n = indices.numel()
+        row = grad.shape[-1] if grad.dim() else 1
+        recorder.transient(n * 8 * 6 + n * row * 4, "temporary", "embedding bwd")
+
+
+# fused attention forwards: (index of philox seed, of offset, of dropout_p in the arguments);
+# without dropout the CUDA kernels make seed and offset as empty host tensors
+_ATTENTION_FORWARD = {
+    aten._scaled_dot_product_flash_attention.default: (6, 7, 3),
+    aten._scaled_dot_product_efficient_attention.default: (2, 3, 5),
+    aten._scaled_dot_product_cudnn_attention.default: (6, 7, 5),
+}
+
+
+_CUDNN_FORWARD = {
+    aten.convolution.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+}
+_CUDNN_BACKWARD = {
+    aten.convolution_backward.default,
+    aten._scaled_dot_product_cudnn_attention_backward.default,
+}
+
+
+_INTERESTING = frozenset(
+    {
+        *_CUBLAS_OPS,
+        *_LT_OPS,
+        aten.addmm.default,
+        *_CUDNN_FORWARD,
+        *_CUDNN_BACKWARD,
+        *_ATTENTION_FORWARD,
+        aten._scaled_dot_product_flash_attention_backward.default,
+        aten._scaled_dot_product_cudnn_attention_backward.default,
+        aten._scaled_dot_product_efficient_attention_backward.default,
+        aten.embedding_dense_backward.default,
+    }
+)
+
+
+def _on_cuda(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) and t.fake_device.type == "cuda"
+
+
+def _flash_backward(recorder: Recorder, args: tuple[Any, ...]) -> None:
+    q, k = args[1], args[2]
+    b, h, lq, d = q.shape
+    hk, lk = k.shape[1], k.shape[2]
+    lq_r = _round(lq, 128)
+    d_r = _round(d, 32 if d <= 128 else 64)
+    size = _nbytes((b, h, lq_r), 4) + _nbytes((b, lq_r, h, d_r), 4)
+    if hk != h:  # grouped-query attention: dK, dV for every query head, then summed
+        size += 2 * _nbytes((b, lk, h, d), q.element_size())
+    recorder.transient(size, "temporary", "flash attention bwd")

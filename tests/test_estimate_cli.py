@@ -1,0 +1,87 @@
+"""`vramscope estimate` on the command line: a report, a verdict, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def vramscope(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "vramscope", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("vramscope: error:") and needle in lines[0]
+
+
+def test_estimate_writes_the_report_and_prints_the_verdict(tmp_path: Path):
+    out = tmp_path / "estimate.json"
+    proc = vramscope(
+        "estimate",
+        "example:gpt",
+        "--gpu",
+        "h100-sxm",
+        "-b",
+        "4",
+        "--precision",
+        "bf16-mixed",
+        "--json",
+        str(out),
+        "-q",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("vramscope: fits on h100-80gb:")
+    assert "peak allocated in step 1, backward" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["kind"] == "estimated"
+    assert data["workload"]["precision"] == "bf16-mixed"
+    assert data["device"]["name"] == "NVIDIA H100 80GB HBM3"
+    assert data["verdict"]["fits"] is True
+    assert data["estimate"]["sdpa_kernels"] == {"cudnn": 8}
+
+
+def test_a_workload_that_does_not_fit_says_by_how_much():
+    proc = vramscope("estimate", "example:gpt", "-b", "64", "--memory", "1GiB", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "does NOT fit on h200: needs" in proc.stdout and "over" in proc.stdout
+
+
+def test_list_gpus_names_every_profile():
+    proc = vramscope("estimate", "--list-gpus")
+    assert proc.returncode == 0
+    names = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert names[:6] == ["h200", "h100-80gb", "a100-80gb", "a100-40gb", "l40s", "a10g"]
+    assert "calibrated" in proc.stdout.splitlines()[0]
+    assert "uncalibrated" in proc.stdout.splitlines()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--gpu", "h900"], "unknown GPU 'h900'; known: h200, h100-80gb"),
+        (["--memory", "garbage"], "cannot read 'garbage' as a size"),
+        (["--batch-size", "0"], "0 is not in the range"),
+        (["--validate"], "--validate measures for real and needs a CUDA GPU"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str):
+    if "--validate" in args:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU: --validate would measure")
+    assert_one_line_error(vramscope("estimate", "example:gpt", *args), needle)
+
+
+def test_missing_workload_is_a_usage_error():
+    proc = vramscope("estimate")
+    assert proc.returncode == 2 and "missing WORKLOAD" in proc.stderr
