@@ -188,3 +188,20 @@ def test_fit_cli_writes_the_fit_section(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Largest batch size" in proc.stdout
     assert json.loads(out.read_text())["fit"]["max_batch_size"] > 0
+
+
+def test_verify_jumps_to_where_the_measured_peak_says_the_limit_is():
+    """An estimate 7% low (as for CNNs whose cuDNN workspaces the estimator misses)
+    still needs three real trials: seed, the predicted boundary, its neighbour."""
+    limit = 100 + 9 * 224.5
+    trials: list[int] = []
+
+    def fits(b: int) -> bool:
+        trials.append(b)
+        return 100 + 9 * b <= limit
+
+    def predict(b: int) -> int:  # measured peak at b, the estimate's slope (3% off)
+        return b + int((limit - (100 + 9 * b)) / 8.7)
+
+    assert _search_from(fits, 208, 1024, predict) == 224
+    assert len(trials) == 3
