@@ -26,6 +26,7 @@ from vramscope.errors import VramscopeError
 from vramscope.estimate.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
 from vramscope.estimate.profiles import GpuProfile, get_profile
 from vramscope.estimate.trace import Trace, trace_workload
+from vramscope.report.aggregate import PHASE_ORDER, phases_of
 from vramscope.report.findings import add_findings
 from vramscope.report.model import (
     AllocatorSlack,
@@ -41,7 +42,6 @@ from vramscope.report.model import (
 from vramscope.units import format_bytes, parse_size
 from vramscope.workload import Builder, normalize_precision, resolve
 
-PHASE_ORDER = ("data", "zero_grad", "forward", "backward", "optimizer", "other")
 MAX_SIMULATED_STEPS = 8
 MIN_SIMULATED_STEPS = 3
 _KIND_TO_CATEGORY = {
@@ -415,7 +415,7 @@ def _report(
         after_build_reserved_bytes=result.after_build_reserved,
     )
     report.steps = _steps(result)
-    report.phases = _run_phases(report.steps)
+    report.phases = phases_of(report.steps)
     cats = _categories(result)
     report.categories_at_peak = cats
     report.categories_note = (
@@ -541,26 +541,6 @@ def _steps(result: Replay) -> list[StepStats]:
             )
         )
     return steps
-
-
-def _run_phases(steps: list[StepStats]) -> list[PhaseStats]:
-    merged: dict[str, PhaseStats] = {}
-    for step in steps:
-        for p in step.phases:
-            m = merged.get(p.name)
-            if m is None:
-                m = merged[p.name] = PhaseStats(name=p.name, count=0, step=step.index)
-            m.count += p.count
-            if (
-                m.peak_allocated_bytes is None
-                or (p.peak_allocated_bytes or 0) > m.peak_allocated_bytes
-            ):
-                m.peak_allocated_bytes = p.peak_allocated_bytes
-                m.start_allocated_bytes = p.start_allocated_bytes
-                m.end_allocated_bytes = p.end_allocated_bytes
-                m.step = step.index
-            m.peak_reserved_bytes = max(m.peak_reserved_bytes or 0, p.peak_reserved_bytes or 0)
-    return sorted(merged.values(), key=lambda p: PHASE_ORDER.index(p.name))
 
 
 def _categories(result: Replay) -> Categories:

@@ -9,15 +9,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vramscope import __version__
+from vramscope.report.aggregate import epochs_of, phase_key, phases_of
 from vramscope.report.findings import add_findings
 from vramscope.report.model import (
     AllocatorSlack,
     Categories,
-    EpochStats,
     ExitInfo,
     OomInfo,
     Peak,
-    PhaseStats,
     Reconciliation,
     Report,
     Startup,
@@ -31,11 +30,6 @@ if TYPE_CHECKING:
     from vramscope.tracking.session import Session, StepRecord
 
 CPU_REASON = "no CUDA device in use: the CPU has no caching allocator to read"
-PHASE_ORDER = ("data", "zero_grad", "forward", "backward", "optimizer", "other")
-
-
-def _phase_key(name: str) -> tuple[int, str]:
-    return (PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER), name)
 
 
 def assemble_report(session: Session) -> Report:
@@ -49,8 +43,8 @@ def assemble_report(session: Session) -> Report:
     report.device = _device_info(session)
     report.host = _host_info()
     report.steps = [_step_stats(session, s, samples) for s in session._steps]
-    report.epochs = _epochs(report.steps)
-    report.phases = _run_phases(report.steps)
+    report.epochs = epochs_of(report.steps)
+    report.phases = phases_of(report.steps)
     report.timeline = _timeline(session, samples)
     report.exit = ExitInfo(**session._exit)
     cuda = session._device_index is not None
@@ -179,7 +173,7 @@ def _window_max(samples: list[tuple], index: int, t0: float, t1: float) -> int |
 def _step_stats(session: Session, record: StepRecord, samples: list[tuple]) -> StepStats:
     t0 = record.start_s - session._t0
     t1 = (record.end_s or record.start_s) - session._t0
-    phases = sorted(record.phases.values(), key=lambda p: _phase_key(p.name))
+    phases = sorted(record.phases.values(), key=lambda p: phase_key(p.name))
     peaks = [p.peak_allocated_bytes for p in phases if p.peak_allocated_bytes is not None]
     reserved = [p.peak_reserved_bytes for p in phases if p.peak_reserved_bytes is not None]
     return StepStats(
@@ -196,46 +190,6 @@ def _step_stats(session: Session, record: StepRecord, samples: list[tuple]) -> S
         start_s=t0,
         phases=phases,
     )
-
-
-def _epochs(steps: list[StepStats]) -> list[EpochStats]:
-    epochs: dict[int, EpochStats] = {}
-    for step in steps:
-        e = epochs.get(step.epoch)
-        if e is None:
-            e = epochs[step.epoch] = EpochStats(index=step.epoch, first_step=step.index)
-        e.steps += 1
-        e.duration_s += step.duration_s
-        if step.peak_allocated_bytes is not None:
-            e.peak_allocated_bytes = max(e.peak_allocated_bytes or 0, step.peak_allocated_bytes)
-        if step.peak_reserved_bytes is not None:
-            e.peak_reserved_bytes = max(e.peak_reserved_bytes or 0, step.peak_reserved_bytes)
-        if step.host_rss_bytes is not None:
-            e.host_rss_bytes = max(e.host_rss_bytes or 0, step.host_rss_bytes)
-        e.end_allocated_bytes = step.end_allocated_bytes
-    return [epochs[k] for k in sorted(epochs)]
-
-
-def _run_phases(steps: list[StepStats]) -> list[PhaseStats]:
-    """Per phase over the run: the highest peak (and its step), total time, occurrences."""
-    merged: dict[str, PhaseStats] = {}
-    for step in steps:
-        for p in step.phases:
-            m = merged.get(p.name)
-            if m is None:
-                m = merged[p.name] = PhaseStats(name=p.name, count=0, step=step.index)
-            m.count += p.count
-            m.duration_s += p.duration_s
-            if p.peak_allocated_bytes is not None and (
-                m.peak_allocated_bytes is None or p.peak_allocated_bytes > m.peak_allocated_bytes
-            ):
-                m.peak_allocated_bytes = p.peak_allocated_bytes
-                m.start_allocated_bytes = p.start_allocated_bytes
-                m.end_allocated_bytes = p.end_allocated_bytes
-                m.step = step.index
-            if p.peak_reserved_bytes is not None:
-                m.peak_reserved_bytes = max(m.peak_reserved_bytes or 0, p.peak_reserved_bytes)
-    return sorted(merged.values(), key=lambda p: _phase_key(p.name))
 
 
 def _timeline(session: Session, samples: list[tuple]) -> Timeline:

@@ -1,0 +1,53 @@
+"""Per-epoch and per-phase summaries of a run's steps: pure functions over report data."""
+
+from __future__ import annotations
+
+from vramscope.report.model import EpochStats, PhaseStats, StepStats
+
+PHASE_ORDER = ("data", "zero_grad", "forward", "backward", "optimizer", "other")
+
+
+def phase_key(name: str) -> tuple[int, str]:
+    """Sort key: phases in the order a training step runs them, unknown names last."""
+    return (PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER), name)
+
+
+def epochs_of(steps: list[StepStats]) -> list[EpochStats]:
+    """One row per epoch: its steps, highest peaks, allocated at its end, host RSS, time."""
+    epochs: dict[int, EpochStats] = {}
+    for step in steps:
+        e = epochs.get(step.epoch)
+        if e is None:
+            e = epochs[step.epoch] = EpochStats(index=step.epoch, first_step=step.index)
+        e.steps += 1
+        e.duration_s += step.duration_s
+        if step.peak_allocated_bytes is not None:
+            e.peak_allocated_bytes = max(e.peak_allocated_bytes or 0, step.peak_allocated_bytes)
+        if step.peak_reserved_bytes is not None:
+            e.peak_reserved_bytes = max(e.peak_reserved_bytes or 0, step.peak_reserved_bytes)
+        if step.host_rss_bytes is not None:
+            e.host_rss_bytes = max(e.host_rss_bytes or 0, step.host_rss_bytes)
+        e.end_allocated_bytes = step.end_allocated_bytes
+    return [epochs[k] for k in sorted(epochs)]
+
+
+def phases_of(steps: list[StepStats]) -> list[PhaseStats]:
+    """Per phase over the run: the highest peak (and its step), total time, occurrences."""
+    merged: dict[str, PhaseStats] = {}
+    for step in steps:
+        for p in step.phases:
+            m = merged.get(p.name)
+            if m is None:
+                m = merged[p.name] = PhaseStats(name=p.name, count=0, step=step.index)
+            m.count += p.count
+            m.duration_s += p.duration_s
+            if p.peak_allocated_bytes is not None and (
+                m.peak_allocated_bytes is None or p.peak_allocated_bytes > m.peak_allocated_bytes
+            ):
+                m.peak_allocated_bytes = p.peak_allocated_bytes
+                m.start_allocated_bytes = p.start_allocated_bytes
+                m.end_allocated_bytes = p.end_allocated_bytes
+                m.step = step.index
+            if p.peak_reserved_bytes is not None:
+                m.peak_reserved_bytes = max(m.peak_reserved_bytes or 0, p.peak_reserved_bytes)
+    return sorted(merged.values(), key=lambda p: phase_key(p.name))
