@@ -55,6 +55,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from vramscope.errors import VramscopeError, WorkloadError
 from vramscope.estimate import kernels
 from vramscope.estimate.profiles import GpuProfile
+from vramscope.tracking.categories import tensors_in as _tensors_in
 from vramscope.workload import StepRunner, Workload, WorkloadSpec
 
 aten = torch.ops.aten
@@ -991,17 +992,6 @@ def _apply_order(module: torch.nn.Module) -> Iterator[tuple[torch.Tensor, str]]:
     for b in module._buffers.values():
         if b is not None:
             yield b, "buffer"
-
-
-def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors_in(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors_in(v)
 
 
 def _storage(t: torch.Tensor) -> Any | None:

@@ -36,15 +36,16 @@ class ObjectCategories:
         return self.parameters + self.buffers + self.gradients + self.optimizer_state
 
 
-def _tensors_in(value: object) -> Iterable[torch.Tensor]:
+def tensors_in(value: object) -> Iterable[torch.Tensor]:
+    """Every tensor inside nested dicts, lists and tuples (optimizer state, batches)."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _tensors_in(v)
+            yield from tensors_in(v)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _tensors_in(v)
+            yield from tensors_in(v)
 
 
 def object_categories(
@@ -84,6 +85,6 @@ def object_categories(
         add(p.grad, "gradients")
     for opt in optimizers:
         for state in opt.state.values():
-            for t in _tensors_in(state):
+            for t in tensors_in(state):
                 add(t, "optimizer_state")
     return result

@@ -32,6 +32,7 @@ starts at ``addr`` is a parameter, buffer, gradient or optimizer state of ``modu
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 from dataclasses import asdict, dataclass, field
@@ -134,6 +135,7 @@ def merge_allocator_trace(
     marker_base: int = 0,
     marker_times_us: list[float] | None = None,
     library_dirs: tuple[str, ...] = (),
+    segment_spans: list[list[int]] | tuple[()] = (),
 ) -> tuple[list[list[Any]], list[list[int]], list[list[Any]], dict[str, Any]]:
     """Merge the allocator's trace entries with the hooks' markers into one record list.
 
@@ -148,7 +150,9 @@ def merge_allocator_trace(
 
     Returns (records, baseline, frames, info). ``baseline`` holds the blocks live before the
     first entry: those freed without an allocation in the trace and those still allocated
-    at the end that the trace never saw allocated.
+    at the end that the trace never saw allocated. Sizes are the allocator's block sizes
+    (:func:`allocator_block_sizes`; ``segment_spans``: [addr, size] of the segments in the
+    final snapshot), so sums match ``memory_allocated()``.
     """
     records: list[list[Any]] = []
     frames: list[list[Any]] = []
@@ -232,10 +236,84 @@ def merge_allocator_trace(
             records.append([FREE, block])
             stats["frees"] += 1
     flush_to(marker_base + len(markers))
+    final_sizes: dict[int, int] = {}
     for b in active_blocks:
         addr = int(b["address"])
         if addr in live:
+            final_sizes[live[addr]] = int(b["size"])  # the block's true size, from the snapshot
             continue
         baseline.append([next_baseline, addr, int(b["size"])])
         next_baseline += 1
+    segments = [
+        [int(e.get("addr", 0)), int(e.get("size", 0))]
+        for e in trace
+        if e.get("action") in ("segment_alloc", "segment_map")
+    ]
+    segments += [[int(s[0]), int(s[1])] for s in segment_spans]
+    stats["changed_sizes"] = allocator_block_sizes(records, baseline, segments, final_sizes)
     return records, baseline, frames, stats
+
+
+SMALL_SIZE = 1 << 20  # the caching allocator's kSmallSize: larger requests use the large pool
+
+
+def allocator_block_sizes(
+    records: list[list[Any]],
+    baseline: list[list[int]],
+    segments: list[list[int]] | None = None,
+    known: dict[int, int] | None = None,
+) -> int:
+    """Turn the trace's requested sizes into the caching allocator's block sizes, in place.
+
+    The trace's ``alloc`` entry carries the size that was asked for, but the allocator's
+    ``allocated_bytes`` (and ``max_memory_allocated``) count whole blocks: the request
+    rounded up to 512 bytes, and, in the large pool (requests over 1 MiB), the whole free
+    block when splitting it would leave 1 MiB or less (a 3 MiB request served from a freed
+    4 MiB block takes 4 MiB). An allocation always takes the start of a free block, and
+    free neighbours coalesce, so the free block reaches to the next live block or the end
+    of its segment; ``segments`` ([addr, size], from the trace's segment entries and the
+    final snapshot) give those ends when known (without them, a block at the tail of a
+    segment keeps its rounded size). ``known``: block -> size for blocks whose true size
+    the final snapshot states. Returns how many allocations changed size beyond rounding.
+    """
+    known = known or {}
+    ends = sorted((a + n, a) for a, n in segments or [])
+    seg_starts = [a for _, a in sorted((a, a + n) for a, n in segments or [])]
+    seg_ends = [e for _, e in sorted((a, a + n) for a, n in segments or [])]
+    del ends
+    for b in baseline:
+        b[2] = _round(b[2])
+    live_addr: dict[int, int] = {b[0]: b[1] for b in baseline}
+    addrs = sorted(live_addr.values())
+    changed = 0
+    for record in records:
+        kind = record[0]
+        if kind == ALLOC:
+            block, addr, size = record[1], record[2], record[3]
+            true = known.get(block)
+            if true is None:
+                true = _round(size)
+                if true > SMALL_SIZE:
+                    i = bisect.bisect_right(addrs, addr)
+                    end = addrs[i] if i < len(addrs) else None
+                    j = bisect.bisect_right(seg_starts, addr) - 1
+                    if j >= 0 and addr < seg_ends[j]:
+                        end = seg_ends[j] if end is None else min(end, seg_ends[j])
+                    if end is not None and true < end - addr <= true + SMALL_SIZE:
+                        true = end - addr
+                        changed += 1
+            record[3] = true
+            if block not in live_addr:
+                live_addr[block] = addr
+                bisect.insort(addrs, addr)
+        elif kind == FREE:
+            addr = live_addr.pop(record[1], None)
+            if addr is not None:
+                i = bisect.bisect_left(addrs, addr)
+                if i < len(addrs) and addrs[i] == addr:
+                    del addrs[i]
+    return changed
+
+
+def _round(size: int) -> int:
+    return -(-max(int(size), 1) // 512) * 512
