@@ -32,6 +32,7 @@ from vramscope.tracking.events import (
     RETURN,
     STEP,
     EventLog,
+    allocator_block_sizes,
 )
 
 CATEGORIES = CATEGORY_NAMES
@@ -107,6 +108,12 @@ def analyze(
     memory_viz snapshot.
     """
     log = _as_log(log)
+    if log.source == "cuda-trace" and log.meta.get("block_sizes") != "allocator":
+        # recorded before the merge sized blocks as the allocator does: size them now
+        log.meta["block_sizes"] = "allocator"
+        log.meta.setdefault("trace", {})["changed_sizes"] = allocator_block_sizes(
+            log.records, log.baseline, log.meta.get("segments")
+        )
     replay = _Replay(log)
     replay.run()
     modules_table = log.modules
@@ -525,12 +532,14 @@ def _module_rows(
     buffers = subtree_sum("buffers_bytes")
     grads = subtree_sum("gradients_bytes")
     opt = subtree_sum("optimizer_state_bytes")
-    step = replay.peak_step
+    backward = _reference_backward(replay)
+    # the step the per-module numbers describe: the peak's, or when the peak fell where no
+    # backward follows (before the first, after the last), the last step with a backward
+    step = backward.step if backward is not None else replay.peak_step
 
-    # activations: allocated in a forward of the peak step, alive when its backward begins
+    # activations: allocated in a forward of that step, alive when its backward begins
     activations = [0] * n
     outside = {"activations_bytes": 0, "temporaries_at_peak_bytes": 0, "share_bytes": 0}
-    backward = _reference_backward(replay)
     if backward is not None:
         for b in replay.blocks.values():
             if (
@@ -567,12 +576,14 @@ def _module_rows(
         fwd_peak[m] = max(fwd_peak[m], call.peak_allocated)
 
     # backward: blocks made while the gradient was in the module's subtree (recomputation
-    # included); the highest sum of those freed before the backward ended
+    # included); the highest sum of those freed before the backward ended, over every
+    # backward pass (a module's backward temporaries are the same each step; the highest
+    # is its peak)
     bwd_temp = [0] * n
     bwd_peak = [0] * n
     per_module_events: dict[int, list[tuple[int, int]]] = {}
     for p in replay.passes:
-        if p.phase != "backward" or p.step != step:
+        if p.phase != "backward":
             continue
         end = p.end if p.end is not None else replay.end
         for b in replay.blocks.values():
@@ -689,7 +700,14 @@ def _reference_backward(replay: _Replay) -> Pass | None:
     step, pos = replay.peak_step, replay.peak_pos
     backwards = [p for p in replay.passes if p.phase == "backward" and p.step == step]
     if not backwards:
-        return None
+        # the peak is in no step with a backward (e.g. at the log's start, where memory freed
+        # during the run, such as a previous model collected by gc, was still live): the
+        # first backward after it, else the last one before it
+        anywhere = [p for p in replay.passes if p.phase == "backward"]
+        later = [p for p in anywhere if p.start >= pos]
+        if later:
+            return later[0]
+        return anywhere[-1] if anywhere else None
     for p in backwards:
         end = p.end if p.end is not None else replay.end
         if p.start <= pos < end:
@@ -752,6 +770,11 @@ def _peak_tensors(
     for b in biggest:
         module = b.label[1] if b.label is not None else b.owner
         frame = frames[b.frame] if 0 <= b.frame < len(frames) else None
+        line = f"{frame[0]}:{frame[1]} ({frame[2]})" if frame else None
+        if line is None:  # no stack recorded: the forward of the module that made it
+            maker = b.owner if b.owner >= 0 else (b.stack[-1] if b.stack else -1)
+            if 0 <= maker < len(replay.log.modules):
+                line = replay.log.modules[maker].get("code")
         out.append(
             {
                 "bytes": b.size,
@@ -762,7 +785,7 @@ def _peak_tensors(
                 "step": b.step,
                 "shape": b.shape if b.shape is not None else b.label_shape,
                 "dtype": b.dtype if b.dtype is not None else b.label_dtype,
-                "line": f"{frame[0]}:{frame[1]} ({frame[2]})" if frame else None,
+                "line": line,
             }
         )
     return out

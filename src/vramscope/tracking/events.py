@@ -277,10 +277,9 @@ def allocator_block_sizes(
     the final snapshot states. Returns how many allocations changed size beyond rounding.
     """
     known = known or {}
-    ends = sorted((a + n, a) for a, n in segments or [])
-    seg_starts = [a for _, a in sorted((a, a + n) for a, n in segments or [])]
-    seg_ends = [e for _, e in sorted((a, a + n) for a, n in segments or [])]
-    del ends
+    spans = sorted((a, a + n) for a, n in segments or [])
+    seg_starts = [a for a, _ in spans]
+    seg_ends = [e for _, e in spans]
     for b in baseline:
         b[2] = _round(b[2])
     live_addr: dict[int, int] = {b[0]: b[1] for b in baseline}
