@@ -433,6 +433,106 @@ def test_recorded_cuda_trace_peak_before_the_first_step_still_shows_the_modules(
     assert all(m["backward_temporaries_peak_bytes"] > 0 for m in blocks)
 
 
+PLAIN_LOG = DATA / "attribution_h200_plain_log.json.gz"
+
+
+def _raw_trace(log: EventLog, token: str) -> tuple[list[dict], list[dict], list[list]]:
+    """The allocator trace and markers a merged log came from (merge_allocator_trace undone).
+
+    Each entry's metadata is ``token`` + the count of markers before it, as the recorder
+    sets it on the thread that allocates.
+    """
+    addrs = {b[0]: b[1] for b in log.baseline}
+    sizes = {b[0]: b[2] for b in log.baseline}
+    trace: list[dict] = []
+    markers: list[list] = []
+    live = dict(addrs)
+    for record in log.records:
+        meta = f"{token}{len(markers)}"
+        if record[0] == "a":
+            addrs[record[1]], sizes[record[1]] = record[2], record[3]
+            live[record[1]] = record[2]
+            trace.append({"action": "alloc", "addr": record[2], "size": record[3]})
+        elif record[0] == "f":
+            addr = live.pop(record[1])
+            for action in ("free_requested", "free_completed"):
+                trace.append({"action": action, "addr": addr, "size": sizes[record[1]]})
+        else:
+            markers.append(record)
+            continue
+        for entry in trace[-2 if record[0] == "f" else -1 :]:
+            entry["user_metadata"] = meta
+    active = [{"address": addrs[b], "size": sizes[b]} for b in live]
+    return trace, active, markers
+
+
+def _stale_autograd_thread(trace: list[dict], markers: list[list], stale: str) -> int:
+    """What the H200 run showed: the autograd thread's first entries of each backward carry
+    the metadata it kept from the previous session, until its first backward hook."""
+    count = 0
+    kinds = [None] + [m[0] + str(m[1]) for m in markers]
+    for i, entry in enumerate(trace):
+        n = int(entry["user_metadata"].rsplit(":", 1)[-1])
+        ahead = kinds[n] if n < len(kinds) else None
+        if ahead == "pbackward" and i and trace[i - 1]["user_metadata"] == entry["user_metadata"]:
+            entry["user_metadata"] = stale  # the entries after the main thread's first
+            count += 1
+    return count
+
+
+def _blocks(analysis: dict) -> list[dict]:
+    return [m for m in analysis["modules"] if m["name"].startswith("blocks.") and m["depth"] == 2]
+
+
+@pytest.mark.skipif(not PLAIN_LOG.exists(), reason="recorded by tests/gpu/test_attribution_gpu.py")
+def test_h200_plain_run_blocks_hold_activations():
+    # the plain 2-step GPT run of tests/gpu, recorded on an H200, first in its process
+    log = EventLog.load(PLAIN_LOG)
+    blocks = _blocks(analyze(log, depth=2))
+    assert len(blocks) == 4
+    assert all(m["activations_bytes"] > 0 for m in blocks)
+    assert all(m["backward_temporaries_peak_bytes"] > 0 for m in blocks)
+
+
+@pytest.mark.skipif(not PLAIN_LOG.exists(), reason="recorded by tests/gpu/test_attribution_gpu.py")
+def test_metadata_left_on_the_autograd_thread_by_an_earlier_session_is_ignored():
+    # the allocator's user metadata is per thread; the autograd thread keeps the last count
+    # an earlier session's backward hooks set. Honoured, that count placed every marker up
+    # to it before the first backward allocation: on the H200 the second plain run of a
+    # process showed 0 activations for every block (test_checkpointing_recomputes_...)
+    log = EventLog.load(PLAIN_LOG)
+    expected = {m["name"]: m for m in analyze(log, depth=2)["modules"]}
+    token = "vramscope:1.2.3:"
+    segments = log.meta["segments"]
+
+    def merged(stale: str, prefix: str) -> EventLog:
+        trace, active, markers = _raw_trace(log, prefix)
+        assert _stale_autograd_thread(trace, markers, stale) >= 2  # one per backward
+        records, baseline, _, info = merge_allocator_trace(
+            trace, active, markers, segment_spans=segments, metadata_prefix=prefix
+        )
+        again = EventLog(source=log.source, device=log.device, modules=log.modules)
+        again.records, again.baseline, again.frames = records, baseline, log.frames
+        again.censuses, again.meta = log.censuses, {**log.meta, "trace": info}
+        return again
+
+    markers = [r for r in log.records if r[0] not in "af"]
+    last_backward = str(max(i for i, m in enumerate(markers) if m[0] == "b") + 1)
+    # honoured (plain counts, as before the token), the stale count reproduces the failure
+    broken = merged(last_backward, "")
+    assert broken.meta["trace"]["foreign_metadata"] == 0
+    assert all(m["activations_bytes"] == 0 for m in _blocks(analyze(broken, depth=2)))
+    # an earlier session's token, an earlier version's plain count, or a count beyond the
+    # markers recorded: not this session's, ignored
+    for stale in (f"vramscope:9.9.9:{last_backward}", last_backward, f"{token}{10**6}"):
+        again = merged(stale, token)
+        assert again.meta["trace"]["foreign_metadata"] >= 2
+        assert [r[:2] for r in again.records] == [r[:2] for r in log.records]
+        rows = {m["name"]: m for m in analyze(again, depth=2)["modules"]}
+        assert rows == expected
+        assert all(rows[f"blocks.{i}"]["activations_bytes"] > 0 for i in range(4))
+
+
 def test_block_sizes_follow_the_caching_allocator():
     from vramscope.tracking.events import allocator_block_sizes
 

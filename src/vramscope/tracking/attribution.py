@@ -5,8 +5,10 @@ The cost is kept to markers. Forward pre/post hooks on every module append
 output appends ``["b", module]`` when the gradient reaches it; the session appends phases
 and steps. No hook reads the allocator. On CUDA the allocations come from the
 allocator's own trace (``torch.cuda.memory._record_memory_history``); at every marker the
-allocator's user metadata is set to the marker count, so each trace entry says exactly
-which markers came before it (without that API, markers are placed by time). On the CPU a
+allocator's user metadata is set to the marker count (behind a token unique to the
+session: the allocator keeps it per thread, and a thread keeps a previous session's), so
+each trace entry says exactly which markers came before it (without that API, markers are
+placed by time). On the CPU a
 dispatch mode records each new storage and a weak reference records its free, into the
 same list as the markers. After the run, :meth:`Recorder.event_log` builds one
 :class:`~vramscope.tracking.events.EventLog` either way; the analysis is
@@ -156,6 +158,9 @@ class Recorder:
         self._frame_index: dict[tuple[Any, ...], int] = {}
         self._cuda_on = False
         self._set_meta: Callable[[str], None] | None = None
+        # the allocator's user metadata is per thread and outlives the session (the autograd
+        # thread keeps the last count its backward hooks set): a token tells ours apart
+        self._meta_prefix = f"vramscope:{os.getpid():x}.{id(self):x}.{time.time_ns():x}:"
         self._old_meta: str | None = None
         self._marker_times: list[float] | None = None
         self._probes: list[tuple[int, float]] = []
@@ -266,12 +271,13 @@ class Recorder:
                 self._old_meta = get_meta() if get_meta is not None else None
             self._set_meta = set_meta
             recorder = self
+            prefix = self._meta_prefix
 
             def mark(record: list[Any]) -> None:
                 log.append(record)
-                set_meta(str(recorder.base + len(log)))
+                set_meta(prefix + str(recorder.base + len(log)))
 
-            set_meta(str(self.base + len(log)))
+            set_meta(prefix + str(self.base + len(log)))
         else:
             self._marker_times = [0.0] * len(log)
             times = self._marker_times
@@ -761,6 +767,7 @@ class Recorder:
             marker_times_us=times,
             library_dirs=_LIBRARY_DIRS,
             segment_spans=segments,
+            metadata_prefix=self._meta_prefix if self._set_meta is not None else "",
         )
         log.records, log.baseline, log.frames = records, baseline, frames
         log.meta["block_sizes"] = "allocator"

@@ -136,6 +136,7 @@ def merge_allocator_trace(
     marker_times_us: list[float] | None = None,
     library_dirs: tuple[str, ...] = (),
     segment_spans: list[list[int]] | tuple[()] = (),
+    metadata_prefix: str = "",
 ) -> tuple[list[list[Any]], list[list[int]], list[list[Any]], dict[str, Any]]:
     """Merge the allocator's trace entries with the hooks' markers into one record list.
 
@@ -144,9 +145,18 @@ def merge_allocator_trace(
     The k-th ``alloc`` entry becomes block k (so a trace entry finds its block again).
     ``markers``: marker records, the first of which is marker number ``marker_base``.
 
-    Where the trace entries carry ``user_metadata`` (vramscope sets it to the count of
-    markers so far at every marker), the order is exact. Otherwise markers are placed by
-    time: ``marker_times_us`` on the trace's clock (``time_us``).
+    Where the trace entries carry ``user_metadata`` (vramscope sets it to
+    ``metadata_prefix`` + the count of markers so far at every marker), the order is exact.
+    Otherwise markers are placed by time: ``marker_times_us`` on the trace's clock
+    (``time_us``).
+
+    The allocator keeps that metadata per thread, and a thread keeps it after the session
+    that set it: the autograd engine's device thread, whose metadata only the backward
+    hooks set, starts a session's first backward with the count a previous session left
+    there. An entry whose metadata lacks ``metadata_prefix`` (a token unique to the
+    session), or counts more markers than were recorded, says nothing about the markers:
+    it stays in trace order, after the markers placed so far. Honouring it would place
+    every marker up to that stale count before it, and the whole run after them.
 
     Returns (records, baseline, frames, info). ``baseline`` holds the blocks live before the
     first entry: those freed without an allocation in the trace and those still allocated
@@ -172,6 +182,23 @@ def merge_allocator_trace(
             break
     join = "metadata" if key else ("time" if marker_times_us is not None else "end")
     stats = {"entries": len(trace), "allocs": 0, "frees": 0, "join": join, "ooms": 0}
+    stats["foreign_metadata"] = 0  # entries whose metadata another session (or the user) set
+    marker_end = marker_base + len(markers)
+    prefix_len = len(metadata_prefix)
+
+    def marker_count(text: str) -> int | None:
+        """The marker count in an entry's metadata; None where it is not this session's."""
+        if not text:
+            return None  # set by no one yet on this thread
+        if prefix_len:
+            if not text.startswith(metadata_prefix):
+                stats["foreign_metadata"] += 1
+                return None
+            text = text[prefix_len:]
+        if not text.isdigit() or int(text) > marker_end:
+            stats["foreign_metadata"] += 1
+            return None
+        return int(text)
 
     def flush_to(count: int) -> None:
         nonlocal next_marker
@@ -205,9 +232,9 @@ def merge_allocator_trace(
         if action != TRACE_ALLOC and action not in TRACE_FREES:
             continue
         if join == "metadata":
-            text = entry.get(key) or ""
-            if text.isdigit():  # else: none yet, or the user's own metadata
-                flush_to(int(text))
+            count = marker_count(entry.get(key) or "")
+            if count is not None:
+                flush_to(count)
         elif join == "time" and marker_times_us is not None:
             t = entry.get("time_us", 0)
             while next_marker < len(markers) and marker_times_us[next_marker] <= t:
