@@ -85,7 +85,7 @@ def test_example_cnn_allocated_within_five_percent_of_the_h200():
     report = estimate("example:cnn", 256, gpu="h200")
     assert error(report.peak.allocated_bytes, measured["allocated_bytes"]) <= 0.05
     # cuDNN convolution workspaces are not modelled: reserved is under-predicted on CNNs
-    # (-32 % here; see benchmarks/results/accuracy_h200.txt and docs/estimate.md)
+    # (-32 % here; see benchmarks/results/accuracy_h200.txt and the README)
     assert report.peak.reserved_bytes < measured["reserved_bytes"]
 
 
