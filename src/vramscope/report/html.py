@@ -668,6 +668,29 @@ def _peak_time(report: Report) -> float | None:
     return best_t
 
 
+def _boundary_lines(
+    markers: list[dict[str, Any]], name: str, line: dict[str, Any], visible: bool | str = True
+) -> Any:
+    """Vertical lines across the timeline at each marker's time (one trace, gaps between)."""
+    import plotly.graph_objects as go
+
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for m in markers:
+        xs += [round(m["t"], 6), round(m["t"], 6), None]
+        ys += [0, 1, None]
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        name=name,
+        mode="lines",
+        line=line,
+        hoverinfo="skip",
+        yaxis="y3",
+        visible=visible,
+    )
+
+
 def _timeline_figure(report: Report) -> tuple[dict[str, Any] | None, str]:
     go = _go()
     tl = report.timeline
@@ -749,19 +772,11 @@ def _timeline_figure(report: Report) -> tuple[dict[str, Any] | None, str]:
         shown = steps[::every]
         if every > 1:
             note += f" Step boundaries: every {every}th of {len(steps):,} is drawn."
-        xs, ys = [], []
-        for m in shown:
-            xs += [round(m["t"], 6), round(m["t"], 6), None]
-            ys += [0, 1, None]
         fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                name="step boundary",
-                mode="lines",
-                line={"color": "#94a3b8", "width": 0.8, "dash": "dot"},
-                hoverinfo="skip",
-                yaxis="y3",
+            _boundary_lines(
+                shown,
+                "step boundary",
+                {"color": "#94a3b8", "width": 0.8, "dash": "dot"},
                 visible=True if len(steps) <= MAX_VISIBLE_STEP_MARKERS else "legendonly",
             )
         )
@@ -770,19 +785,9 @@ def _timeline_figure(report: Report) -> tuple[dict[str, Any] | None, str]:
     ]
     annotations: list[dict[str, Any]] = []
     if epochs:
-        xs, ys = [], []
-        for m in epochs:
-            xs += [round(m["t"], 6), round(m["t"], 6), None]
-            ys += [0, 1, None]
         fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                name="epoch boundary",
-                mode="lines",
-                line={"color": "#0f172a", "width": 1.4, "dash": "dash"},
-                hoverinfo="skip",
-                yaxis="y3",
+            _boundary_lines(
+                epochs, "epoch boundary", {"color": "#0f172a", "width": 1.4, "dash": "dash"}
             )
         )
         if len(epochs) <= MAX_EPOCH_LABELS:
