@@ -261,3 +261,16 @@ def test_an_estimate_works_after_the_process_ran_backward_on_the_cpu(gpt):
 def test_estimates_are_deterministic(gpt):
     again = estimate("example:gpt", 16, gpu="h200")
     assert again.peak == gpt.peak
+
+
+@pytest.mark.parametrize(("spec", "batch"), [("example:gpt", 16), ("example:cnn", 64)])
+def test_the_metadata_fast_path_changes_no_number(monkeypatch, spec, batch):
+    """``prim.device`` and other metadata queries are answered before the fake mode's own
+    dispatch; sending them through it instead gives the same trace and the same peaks."""
+    from vramscope.estimate import trace
+
+    fast = estimate(spec, batch, gpu="h200")
+    monkeypatch.setattr(trace, "_META_HANDLERS", {})
+    slow = estimate(spec, batch, gpu="h200")
+    assert slow.peak == fast.peak
+    assert slow.extra["estimate"]["events"] == fast.extra["estimate"]["events"]

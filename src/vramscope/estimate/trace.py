@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import (
+    _DISPATCH_META_HANDLERS,
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
@@ -674,6 +675,10 @@ _DYNAMIC_SHAPE_OPS = {
 }
 
 
+# answered from the fake tensor's metadata, as FakeTensorMode.dispatch does first
+_META_HANDLERS: dict[Any, Any] = dict(_DISPATCH_META_HANDLERS)
+
+
 class TracingMode(FakeTensorMode):
     """FakeTensorMode that records CUDA storages, answers ``.item()`` with plausible values
     and picks the attention kernels the profiled GPU would run."""
@@ -702,6 +707,11 @@ class TracingMode(FakeTensorMode):
         return self.dispatch(func, types, args, kwargs)
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        handler = _META_HANDLERS.get(func)
+        if handler is not None:
+            # metadata queries (``prim.device`` above all: about half of all the ops the
+            # autograd engine dispatches): no output, no allocation, nothing to record
+            return handler(args)
         kwargs = kwargs or {}
         if func is aten._local_scalar_dense.default:
             return self._scalar(args[0])
