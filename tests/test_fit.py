@@ -205,3 +205,20 @@ def test_verify_jumps_to_where_the_measured_peak_says_the_limit_is():
 
     assert _search_from(fits, 208, 1024, predict) == 224
     assert len(trials) == 3
+
+
+def test_a_workload_that_ignores_the_batch_size_is_called_out(tmp_path):
+    wl = tmp_path / "fixed.py"
+    wl.write_text(
+        "import torch, vramscope\n"
+        "def build(batch_size, device):\n"
+        "    m = torch.nn.Linear(256, 256).to(device)\n"
+        "    opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "    return vramscope.Workload(model=m, optimizer=opt,\n"
+        "        batch=lambda: torch.randn(32, 256, device=device),  # always 32: batch_size unused\n"
+        "        loss=lambda m, x: m(x).square().mean())\n"
+    )
+    report = fit(f"{wl}:build", budget="1GiB", max_batch_size=64)
+    section = report.extra["fit"]
+    assert section["batch_size_has_no_effect"] and section["max_batch_size"] == 64
+    assert "does not grow with the batch size" in report.findings[0].message

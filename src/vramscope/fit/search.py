@@ -221,6 +221,20 @@ def fit(
     }
     report = est.report(max(best, 1))
     findings: list[Finding] = []
+    probed = sorted(est.cache)
+    if best > 0 and len(probed) >= 2 and est.value(probed[-1]) <= est.value(probed[0]) * 1.001:
+        findings.append(
+            Finding(
+                "fit",
+                "warning",
+                f"memory does not grow with the batch size (batch {probed[0]} and batch "
+                f"{probed[-1]} both need {format_bytes(est.value(probed[0]))}): the build "
+                "function may not use batch_size as the first dimension of its inputs, so "
+                "the answer is only the --max-batch-size cap",
+                {},
+            )
+        )
+        section["batch_size_has_no_effect"] = True
     if best == 0:
         needed = est.value(1)
         section["needed_at_batch_1_bytes"] = needed
