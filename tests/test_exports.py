@@ -61,7 +61,7 @@ def test_the_trace_has_phase_slices_step_slices_and_boundaries(trace):
 def test_the_trace_names_its_process_and_tracks(trace):
     meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
     names = {e["args"].get("name") for e in meta}
-    assert "vramscope: /work/main/tests/scripts/train_loop.py on NVIDIA H200" in names
+    assert "vramscope: tests/scripts/train_loop.py on NVIDIA H200" in names
     assert {"phases", "steps", "step and epoch boundaries"} <= names
     assert trace["displayTimeUnit"] == "ms"
     assert trace["metadata"]["peak_allocated_bytes"] == 107277312

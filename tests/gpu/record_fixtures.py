@@ -32,7 +32,7 @@ def main(outdir: str) -> None:
             "0.02",
             "--json",
             str(out / "report_gpu_leak.json"),
-            str(ROOT / "tests" / "scripts" / "train_loop.py"),
+            "tests/scripts/train_loop.py",  # relative: no machine path in the fixture
             "--epochs",
             "3",
             "--batches",
@@ -40,6 +40,7 @@ def main(outdir: str) -> None:
             "--leak",
         ],
         check=True,
+        cwd=ROOT,
     )
 
 
