@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(outdir: str) -> None:
-    out = Path(outdir)
+    out = Path(outdir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     report = vramscope.measure("example:gpt", batch_size=16, steps=6, interval_s=0.02)
     report.save(out / "report_gpu_gpt.json")
