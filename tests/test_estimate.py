@@ -3,7 +3,7 @@
 The measured numbers come from ``tests/data/report_h200_gpt.json`` (``vramscope measure
 example:gpt -b 16 --steps 6``) and ``benchmarks/results/accuracy_measured_h200.json``
 (``benchmarks/measure_suite.py``, 3 steps per case), both torch 2.11.0+cu130 on an H200.
-Targets (issue 4): allocated within 2 %, reserved within 3 %, device used within 3 %.
+Accuracy targets: allocated within 2 %, reserved within 3 %, device used within 3 %.
 """
 
 from __future__ import annotations

@@ -287,7 +287,7 @@ def test_the_module_tree_adds_missing_parents_and_reads_inclusive_sizes():
 
 
 def test_the_module_tree_copes_with_parents_below_their_children():
-    # as issue 3's tracker records them (CPU run of example:gpt): the ModuleList is never
+    # as the attribution tracker records them (CPU run of example:gpt): the ModuleList is never
     # called, so it has no activations of its own; tied embeddings count twice
     modules = [
         {"name": "", "peak_bytes": 98541776, "activations_bytes": 34674688},

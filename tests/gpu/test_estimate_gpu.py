@@ -1,6 +1,6 @@
 """`vramscope estimate --validate` on a real GPU: the estimate against a real run, side by side.
 
-Runs where torch sees a CUDA device. On an H200 the example GPT must be within the issue's
+Runs where torch sees a CUDA device. On an H200 the example GPT must be within the
 targets (allocated 2 %, reserved 3 %, device used 3 %); on other GPUs the profile is
 uncalibrated, so only allocated (which does not depend on the context) is held to 2 %.
 """

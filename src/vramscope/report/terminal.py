@@ -243,7 +243,7 @@ def _findings(report: Report) -> Group | None:
     return Group(Text("Findings", style="bold"), *lines)
 
 
-# ---- attribution (issue 3): module tree, peak tensors, line tables ----------------------------
+# ---- attribution (--detail): module tree, peak tensors, line tables ----------------------------
 
 
 def _module_table(report: Report) -> Table:

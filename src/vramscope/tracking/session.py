@@ -78,7 +78,7 @@ class Session:
         lines_of: list[Any] | None = None,
         snapshot: str | None = None,
     ) -> None:
-        # -- attribution (issue 3): detail="modules"/"lines", see tracking/attribution.py --
+        # -- attribution: detail="modules"/"lines", see tracking/attribution.py --
         from vramscope.tracking.attribution import check_detail
 
         check_detail(detail, depth)
