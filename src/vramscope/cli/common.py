@@ -10,6 +10,7 @@ import click
 
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
+from vramscope.workload import PRECISIONS
 
 
 def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -38,6 +39,42 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def tuning_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--precision/--accumulate/--allocator-config: override what the workload says."""
+    options = [
+        click.option(
+            "--precision",
+            type=click.Choice(PRECISIONS),
+            help="Override the workload's precision.",
+        ),
+        click.option(
+            "--accumulate",
+            type=click.IntRange(min=1),
+            help="Micro-batches per optimizer step (overrides the workload).",
+        ),
+        click.option(
+            "--allocator-config",
+            help="PYTORCH_CUDA_ALLOC_CONF options, e.g. expandable_segments:True.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--batch-size and the tuning options, for verbs that run one batch size."""
+    func = tuning_options(func)
+    return click.option(
+        "-b",
+        "--batch-size",
+        type=click.IntRange(min=1),
+        default=8,
+        show_default=True,
+        help="Micro-batch size passed to the build function.",
+    )(func)
 
 
 def _writable(path: str) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.console import Console
 
-from vramscope.cli.common import check_paths, emit, output_options
+from vramscope.cli.common import check_paths, emit, output_options, tuning_options
 
 
 @click.command(short_help="Memory-saving strategies or model variants side by side.")
@@ -17,11 +17,7 @@ from vramscope.cli.common import check_paths, emit, output_options
 @click.option(
     "--strategies", help="Comma-separated subset, e.g. baseline,bf16-mixed,checkpointing."
 )
-@click.option(
-    "--precision", type=click.Choice(["32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"])
-)
-@click.option("--accumulate", type=click.IntRange(min=1))
-@click.option("--allocator-config", help="PYTORCH_CUDA_ALLOC_CONF options.")
+@tuning_options
 @click.option("--estimate-only", is_flag=True, help="Estimate even when a GPU is present.")
 @output_options
 def command(

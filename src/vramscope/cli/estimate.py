@@ -12,8 +12,7 @@ from typing import Any
 
 import click
 
-from vramscope.cli.common import check_paths, emit, output_options
-from vramscope.cli.measure import workload_options
+from vramscope.cli.common import check_paths, emit, output_options, workload_options
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
 from vramscope.units import format_bytes, parse_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.console import Console
 
-from vramscope.cli.common import check_paths, emit, output_options
+from vramscope.cli.common import check_paths, emit, output_options, tuning_options
 
 
 @click.command(short_help="The largest batch size that fits a GPU or a budget.")
@@ -22,11 +22,7 @@ from vramscope.cli.common import check_paths, emit, output_options
     type=click.IntRange(min=1),
     help="Also plan micro-batch × accumulation for this effective batch.",
 )
-@click.option(
-    "--precision", type=click.Choice(["32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"])
-)
-@click.option("--accumulate", type=click.IntRange(min=1))
-@click.option("--allocator-config", help="PYTORCH_CUDA_ALLOC_CONF options.")
+@tuning_options
 @click.option(
     "--verify",
     is_flag=True,

@@ -6,41 +6,9 @@ import sys
 
 import click
 
-from vramscope.cli.common import check_paths, emit, output_options
+from vramscope.cli.common import check_paths, emit, output_options, workload_options
 from vramscope.cli.run import detail_options
 from vramscope.tracking.runner import measure
-
-
-def workload_options(func):
-    """--batch-size/--precision/--accumulate/--allocator-config, shared with estimate and fit."""
-    for option in reversed(
-        [
-            click.option(
-                "-b",
-                "--batch-size",
-                type=click.IntRange(min=1),
-                default=8,
-                show_default=True,
-                help="Micro-batch size passed to the build function.",
-            ),
-            click.option(
-                "--precision",
-                type=click.Choice(["32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"]),
-                help="Override the workload's precision.",
-            ),
-            click.option(
-                "--accumulate",
-                type=click.IntRange(min=1),
-                help="Micro-batches per optimizer step (overrides the workload).",
-            ),
-            click.option(
-                "--allocator-config",
-                help="PYTORCH_CUDA_ALLOC_CONF options, e.g. expandable_segments:True.",
-            ),
-        ]
-    ):
-        func = option(func)
-    return func
 
 
 @click.command(short_help="Measure real steps of a workload.")

@@ -99,15 +99,12 @@ class Estimator:
             from vramscope.estimate.estimator import estimate
 
             s = self.strategy
-            accumulate = self.accumulate
-            if s.accumulate_factor > 1:
-                accumulate = (accumulate or 1) * s.accumulate_factor
             report = estimate(
                 s.wrap(self.resolved.builder),
                 batch_size=s.micro_batch(batch_size),
                 gpu=self.target.gpu,
                 precision=s.precision or self.precision,
-                accumulate=accumulate,
+                accumulate=s.accumulate(self.accumulate),
                 allocator_config=s.allocator_config or self.allocator_config,
             )
             report.workload.update(spec=self.spec, strategy=s.name, batch_size=batch_size)

@@ -42,6 +42,12 @@ class Strategy:
             )
         return batch_size // self.accumulate_factor
 
+    def accumulate(self, requested: int | None) -> int | None:
+        """The accumulation to run with: the requested one (None: the workload's) × factor."""
+        if self.accumulate_factor == 1:
+            return requested
+        return (requested or 1) * self.accumulate_factor
+
     def wrap(self, builder: Builder) -> Builder:
         """The builder with this strategy's changes to the built workload applied."""
         if not (

@@ -112,17 +112,12 @@ def _child(argv: list[str] | None = None) -> int:
         torch.cuda.set_per_process_memory_fraction(min(1.0, a.budget_bytes / total))
     spec = resolve(a.spec)
     builder = strategy.wrap(spec.builder)
-    accumulate = (
-        (a.accumulate or 1) * strategy.accumulate_factor
-        if strategy.accumulate_factor > 1
-        else a.accumulate
-    )
     report = measure(
         builder,
         batch_size=strategy.micro_batch(a.batch_size),
         steps=a.steps,
         precision=strategy.precision or a.precision,
-        accumulate=accumulate,
+        accumulate=strategy.accumulate(a.accumulate),
         allocator_config=config,
     )
     report.workload["spec"] = a.spec
