@@ -559,3 +559,21 @@ def test_block_sizes_follow_the_caching_allocator():
 
 def teardown_module() -> None:
     gc.collect()
+
+
+def test_modules_deeper_than_depth_place_no_markers_and_count_to_their_ancestor():
+    """``--detail modules --depth 2``: the blocks' layers run no markers (cheaper), their
+    memory counts to the block, and the categories still sum to the peak."""
+    torch.manual_seed(0)
+    with vramscope.track(detail="modules", device="cpu", depth=2) as session:
+        train(TinyLM())
+    report = session.report()
+    rows = rows_by_name(report)
+    assert "blocks.0" in rows and "blocks.0.fc1" not in rows
+    assert report.categories_at_peak.total() == pytest.approx(
+        report.extra["attribution"]["peak_bytes"], rel=0.01
+    )
+    deep = tracked(TinyLM()).report()  # the default depth, 3: the layers are there
+    full = rows_by_name(deep)
+    assert "blocks.0.fc1" in full
+    assert rows["blocks.0"]["activations_bytes"] == full["blocks.0"]["activations_bytes"]

@@ -446,26 +446,44 @@ class _Expandable:
 
 
 class _AddressSpace:
-    """First-fit model of the addresses the driver hands out (lowest free range that fits)."""
+    """First-fit model of the addresses the driver hands out.
 
-    __slots__ = ("holes", "live", "top")
+    Upward: the lowest free range that fits, above ``base``. Downward: the highest free range
+    that fits, below ``base`` -- what cudaMalloc does on the H200 we recorded (each new segment
+    lies below the previous ones). The order matters where the allocator breaks a tie between
+    free blocks of one size by address: with segments placed this way, replaying the CNN and
+    ViT traces of ``tests/data/op_trace_h200_*`` reproduces their reserved peaks exactly
+    (placed upwards, two of them came out 3.6% low and 1.9% high).
+    """
 
-    def __init__(self, base: int):
-        self.top = base
+    __slots__ = ("downward", "holes", "live", "top")
+
+    def __init__(self, base: int, downward: bool = False):
+        self.top = base  # upward: the end of the used range; downward: its start
+        self.downward = downward
         self.holes: list[tuple[int, int]] = []  # sorted by address
         self.live: dict[int, int] = {}
 
     def take(self, size: int) -> int:
-        for i, (addr, hole) in enumerate(self.holes):
+        order = range(len(self.holes) - 1, -1, -1) if self.downward else range(len(self.holes))
+        for i in order:
+            addr, hole = self.holes[i]
             if hole >= size:
                 if hole == size:
                     del self.holes[i]
+                elif self.downward:  # the top of the hole
+                    self.holes[i] = (addr, hole - size)
+                    addr += hole - size
                 else:
                     self.holes[i] = (addr + size, hole - size)
                 self.live[addr] = size
                 return addr
-        addr = self.top
-        self.top += size
+        if self.downward:
+            self.top -= size
+            addr = self.top
+        else:
+            addr = self.top
+            self.top += size
         self.live[addr] = size
         return addr
 
@@ -481,7 +499,10 @@ class _AddressSpace:
         if i > 0 and self.holes[i - 1][0] + self.holes[i - 1][1] == addr:
             self.holes[i - 1] = (self.holes[i - 1][0], self.holes[i - 1][1] + self.holes[i][1])
             del self.holes[i]
-        if self.holes and sum(self.holes[-1]) == self.top:
+        if self.downward:
+            if self.holes and self.holes[0][0] == self.top:
+                self.top = sum(self.holes.pop(0))
+        elif self.holes and sum(self.holes[-1]) == self.top:
             self.top = self.holes.pop()[0]
 
 
@@ -561,7 +582,7 @@ class CachingAllocatorSim:
         self._active: dict[int, _Block] = {}
         self._zero: set[int] = set()
         self._next_id = 1
-        self._device_space = _AddressSpace(_DEFAULT_DEVICE_BASE)
+        self._device_space = _AddressSpace(_DEFAULT_DEVICE_BASE, downward=True)
         self._va_space = _AddressSpace(_DEFAULT_VA_BASE)
         self._addresses: Iterator[int] | None = (
             iter(segment_addresses) if segment_addresses is not None else None

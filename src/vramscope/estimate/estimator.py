@@ -66,6 +66,7 @@ def estimate(
     allocator_config: str | None = None,
     memory: str | int | None = None,
     steps: int = 2,
+    reserved_limit: int | None = None,
 ) -> Report:
     """Predict peak allocated, reserved and device-used memory of ``workload`` on ``gpu``.
 
@@ -101,6 +102,8 @@ def estimate(
     )
     context = context_bytes(profile, trace)
     capacity = max(0, total - context)
+    if reserved_limit is not None:
+        capacity = min(capacity, reserved_limit)
     result = replay_trace(trace, config, capacity, total)
     report = _report(spec.spec, batch_size, profile, total, config, config_text, trace, result)
     report.extra["estimate"]["seconds"] = round(time.perf_counter() - started, 3)

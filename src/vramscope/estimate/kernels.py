@@ -26,9 +26,17 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
 * **Embedding backward** (``Embedding.cu``, ``embedding_backward_cuda_kernel``): sorting the
   indices takes a few int64 arrays of the index count, and the per-segment partial sums a
   float32 row per index (an upper bound: one segment per index).
-* **cuDNN convolutions** choose an engine by heuristics (``benchmark=False``) whose workspace
-  depends on the cuDNN version and the engine; it is not modelled (counted as zero) -- the
-  accuracy benchmark shows what that costs on CNNs.
+* **cuDNN convolutions** (``benchmark=False``, heuristics) on tensor-core GPUs: for a 2-D
+  convolution on channels-first (NCHW) tensors the engines cuDNN 9 picks transpose to
+  channels-last first, and take a workspace holding the input, the output and the weight
+  transposed (recorded on an H200, cuDNN 9.19, for ResNet-18/50, VGG-16, MobileNetV3,
+  EfficientNet-B0 and ViT in fp32, bf16 and fp16: ``tests/data/op_trace_h200_*.json.gz``). The
+  backward takes the same for data (dY, dX, W) and for weights (dY, X, dW), one after the
+  other. No workspace for grouped (depthwise) convolutions, for channels-last inputs, for a
+  1x1 stride-1 convolution over at least 14x14 positions (run as a GEMM), nor for a 3x3 or
+  smaller kernel over at most 4 input channels (an image's first layer); a larger kernel on
+  such an input takes input and output (bf16/fp16 pad the channels to 8). It is a rule of
+  the engines' shape, not a fit: individual engines may take one operand less.
 
 Everything here is a global rule from those sources; nothing is fitted to a workload.
 """
@@ -51,6 +59,7 @@ aten = torch.ops.aten
 MATH, FLASH, EFFICIENT, CUDNN = 0, 1, 2, 3
 BACKEND_NAMES = {MATH: "math", FLASH: "flash", EFFICIENT: "efficient", CUDNN: "cudnn"}
 HALF = (torch.float16, torch.bfloat16)
+MiB = 1 << 20
 
 
 def _round(n: int, multiple: int) -> int:
@@ -405,6 +414,15 @@ def after_op(
         recorder.libraries.add("cudnn")
     elif func in _CUDNN_BACKWARD:
         recorder.libraries.add("cudnn_backward")
+    if func is aten.convolution.default:
+        if _on_cuda(args[0]) and profile.capability[0] >= 8:
+            size = _conv_transform_bytes(args[0], args[1], out, args[3], args[8], args[6])
+            recorder.transient(size, "temporary", "cuDNN convolution workspace")
+        return
+    if func is aten.convolution_backward.default:
+        if _on_cuda(args[1]) and profile.capability[0] >= 8:
+            _conv_backward_workspaces(recorder, args, out)
+        return
     if func in _ATTENTION_FORWARD:
         seeds = _ATTENTION_FORWARD[func]
         dropout = args[seeds[2]] if len(args) > seeds[2] else kwargs.get("dropout_p", 0.0)
@@ -469,6 +487,62 @@ _INTERESTING = frozenset(
 )
 
 
+def _storage_bytes(t: Any) -> int:
+    return _round(t.numel() * t.element_size(), 512)
+
+
+def _conv_transform_bytes(
+    x: Any,
+    w: Any,
+    out: Any,
+    stride: Any,
+    groups: int,
+    transposed: bool,
+    gemm_from: int = 14 * 14,
+) -> int:
+    """The workspace of a cuDNN 2-D convolution whose engine transposes NCHW to NHWC: the
+    input, the output and the weight, each rounded as the allocator rounds (see the module
+    docstring for the cases without one). A 1x1 stride-1 convolution over ``gemm_from``
+    positions or more runs as a GEMM, without."""
+    if transposed or groups != 1 or x.dim() != 4 or not isinstance(out, torch.Tensor):
+        return 0
+    if not x.is_contiguous():
+        return 0  # channels-last (NHWC) already: no transposes
+    kh, kw = int(w.shape[2]), int(w.shape[3])
+    channels = int(x.shape[1])
+    pointwise = kh == kw == 1 and all(int(s) == 1 for s in stride)
+    if pointwise and int(x.shape[2]) * int(x.shape[3]) >= gemm_from:
+        return 0  # run as a GEMM over the channels, in place
+    if channels <= 4:
+        if kh <= 3 and kw <= 3:
+            return 0
+        # a large kernel on an image: input (channels padded to 8 in half precision) and output
+        pad = 8 if x.dtype in HALF else channels
+        return _round(x.numel() // channels * pad * x.element_size(), 512) + _storage_bytes(out)
+    return _storage_bytes(x) + _storage_bytes(out) + _storage_bytes(w)
+
+
+def _conv_backward_workspaces(recorder: Recorder, args: tuple[Any, ...], out: Any) -> None:
+    """Data gradient, then weight gradient: each transposes its three operands; the weight
+    gradient also keeps float32 split-K partial sums of the weight (14 slices, between 2 and
+    8 MiB in the engines recorded), and transposes for 1x1 convolutions up to 27x27."""
+    grad_out, x, w = args[0], args[1], args[2]
+    stride, transposed, groups, mask = args[4], args[7], args[9], args[10]
+    if not isinstance(out, (tuple, list)):
+        return
+    if mask[0] and isinstance(out[0], torch.Tensor):
+        size = _conv_transform_bytes(x, w, grad_out, stride, groups, transposed)
+        recorder.transient(size, "temporary", "cuDNN convolution backward (data) workspace")
+    if mask[1] and isinstance(out[1], torch.Tensor):
+        size = _conv_transform_bytes(
+            x, out[1], grad_out, stride, groups, transposed, gemm_from=28 * 28
+        )
+        if size:
+            partial = 14 * out[1].numel() * 4
+            size += min(max(partial, 2 * MiB), 8 * MiB)
+        recorder.transient(size, "temporary", "cuDNN convolution backward (weight) workspace")
+
+
 def _on_cuda(t: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -485,3 +559,37 @@ def _flash_backward(recorder: Recorder, args: tuple[Any, ...]) -> None:
     if hk != h:  # grouped-query attention: dK, dV for every query head, then summed
         size += 2 * _nbytes((b, lk, h, d), q.element_size())
     recorder.transient(size, "temporary", "flash attention bwd")
+
+
+# ---- ops that CUDA runs as one kernel ---------------------------------------------------------
+
+# Ops with a CPU and a CUDA kernel and also a CompositeImplicitAutograd formula (found by
+# asking the dispatcher which aten ops have both). In a build without CUDA kernels, a tensor
+# on the emulated CUDA device finds no CUDA kernel, so the autograd layer falls back to the
+# formula and runs its pieces (silu_backward: sigmoid, sub, add and three muls, each a
+# temporary) where the GPU runs one kernel that allocates only the result.
+FUSED_ON_CUDA = ("silu_backward", "mish_backward", "native_channel_shuffle")
+_placeholders: list[Any] = []
+
+
+def register_cuda_placeholders() -> None:
+    """Give those ops a CUDA kernel that only exists to route dispatch to the fake-tensor
+    mode, as on a GPU. Never done where torch has CUDA kernels (nothing of torch's is
+    replaced), and done once per process; the placeholder raises if it ever runs."""
+    if _placeholders:
+        return
+    missing = [
+        op
+        for op in FUSED_ON_CUDA
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "CUDA")
+    ]
+    if not missing:
+        return
+    lib = torch.library.Library("aten", "IMPL")  # kept for the life of the process
+
+    def placeholder(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("vramscope's CUDA placeholder ran outside an estimate")
+
+    for op in missing:
+        lib.impl(op, placeholder, "CUDA")
+    _placeholders.append(lib)

@@ -1117,6 +1117,7 @@ def trace_workload(
     if steps < 1:
         raise VramscopeError(f"steps must be 1 or more, not {steps}")
     start = time.perf_counter()
+    kernels.register_cuda_placeholders()
     recorder = Recorder(profile)
     mode = TracingMode(recorder, profile)
     step_starts: list[int] = []

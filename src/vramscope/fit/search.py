@@ -92,10 +92,18 @@ class Estimator:
         self.accumulate = accumulate
         self.allocator_config = allocator_config
         self.progress = progress
-        self.cache: dict[int, Report] = {}
+        self.cache: dict[tuple[int, int | None], Report] = {}
 
-    def report(self, batch_size: int) -> Report:
-        if batch_size not in self.cache:
+    def report(self, batch_size: int, cap: int | None = None, capped: bool = True) -> Report:
+        """The estimate at ``batch_size``; under a budget, with the allocator capped at
+        ``cap`` bytes (the usable budget by default), as the memory fraction caps it: it
+        frees its cache and retries before it runs out. ``capped=False``: no cap."""
+        if not capped:
+            cap = None
+        elif cap is None and self.target.kind == "budget":
+            cap = self.target.usable_bytes
+        key = (batch_size, cap)
+        if key not in self.cache:
             from vramscope.estimate.estimator import estimate
 
             s = self.strategy
@@ -106,19 +114,39 @@ class Estimator:
                 precision=s.precision or self.precision,
                 accumulate=s.accumulate(self.accumulate),
                 allocator_config=s.allocator_config or self.allocator_config,
+                reserved_limit=cap,
             )
             report.workload.update(spec=self.spec, strategy=s.name, batch_size=batch_size)
-            self.cache[batch_size] = report
+            self.cache[key] = report
             if self.progress:
                 used = self.target.measure_of(_peak_dict(report))
                 self.progress(f"estimated batch {batch_size}: {format_bytes(used)}")
-        return self.cache[batch_size]
+        return self.cache[key]
 
-    def value(self, batch_size: int) -> int:
-        return self.target.measure_of(_peak_dict(self.report(batch_size))) or 0
+    @property
+    def batches(self) -> list[int]:
+        return sorted({b for b, _ in self.cache})
+
+    def value(self, batch_size: int, capped: bool = True) -> int:
+        """What grows with the batch: device used on a GPU; under a budget, allocated (the
+        capped allocator keeps reserved at the cap by freeing its cache)."""
+        peak = _peak_dict(self.report(batch_size, capped=capped))
+        if self.target.kind == "budget":
+            return peak["allocated_bytes"] or 0
+        return self.target.measure_of(peak) or 0
+
+    def aim(self, limit: int) -> int:
+        """Where ``value`` crosses the limit, for the interpolation search: the limit for a GPU;
+        under a budget, the allocated bytes a capped allocator gets to (about 98% of the cap,
+        in the traces we recorded) before it runs out."""
+        return limit if self.target.kind == "gpu" else int(limit * 0.98)
 
     def fits(self, batch_size: int, limit: int | None = None) -> bool:
-        return self.value(batch_size) <= (self.target.usable_bytes if limit is None else limit)
+        limit = self.target.usable_bytes if limit is None else limit
+        if self.target.kind == "budget":
+            verdict = self.report(batch_size, cap=limit).extra.get("verdict") or {}
+            return verdict.get("oom_at") is None
+        return self.value(batch_size) <= limit
 
 
 def largest_fitting(
@@ -192,11 +220,11 @@ def fit(
         raise VramscopeError(f"--max-batch-size must be 1 or more, not {max_batch_size}")
     base = get_strategy("baseline")
     est = Estimator(workload, target, base, precision, accumulate, allocator_config, progress)
-    best = largest_fitting(est.fits, est.value, target.usable_bytes, max_batch_size)
+    best = largest_fitting(est.fits, est.value, est.aim(target.usable_bytes), max_batch_size)
     best_no_margin = largest_fitting(
         lambda b: est.fits(b, target.limit_bytes),
         est.value,
-        target.limit_bytes,
+        est.aim(target.limit_bytes),
         max_batch_size,
         start=max(best, 1) + 1,
     )
@@ -214,11 +242,14 @@ def fit(
         "capped": best >= max_batch_size,
         "method": "estimate",
         "estimates": len(est.cache),
-        "curve": [{"batch_size": b, "peak": _peak_dict(r)} for b, r in sorted(est.cache.items())],
+        "curve": [
+            {"batch_size": b, "peak": _peak_dict(est.report(b)), "fits": est.fits(b)}
+            for b in est.batches
+        ],
     }
     report = est.report(max(best, 1))
     findings: list[Finding] = []
-    probed = sorted(est.cache)
+    probed = est.batches
     if best > 0 and len(probed) >= 2 and est.value(probed[-1]) <= est.value(probed[0]) * 1.001:
         findings.append(
             Finding(
@@ -233,7 +264,7 @@ def fit(
         )
         section["batch_size_has_no_effect"] = True
     if best == 0:
-        needed = est.value(1)
+        needed = est.value(1, capped=False)
         section["needed_at_batch_1_bytes"] = needed
         closest = _closest_strategy(workload, target, precision, accumulate, allocator_config)
         section["closest_strategy"] = closest
@@ -241,7 +272,7 @@ def fit(
             f"does not fit even at batch size 1: it needs {format_bytes(needed)}, "
             f"the target allows {format_bytes(target.usable_bytes)}"
         )
-        params = report.categories_at_peak.parameters or 0
+        params = est.report(1, capped=False).categories_at_peak.parameters or 0
         if params > target.usable_bytes:
             message += f" (the parameters alone take {format_bytes(params)})"
         if closest:
@@ -277,6 +308,7 @@ def fit(
             max_batch_size,
             progress,
             slope_bytes=slope,
+            aim_bytes=int(target.limit_bytes * 0.985) if target.kind == "budget" else None,
         )
         if section["verify"].get("max_batch_size") is not None:
             section["method"] = "estimate+verify"
@@ -302,13 +334,12 @@ def _plans(est: Estimator, effective: int, best: int, target: Target) -> list[di
                 (est.accumulate or 1) * steps,
                 est.allocator_config,
             )
-            value = plan_est.value(micro)
             plans.append(
                 {
                     "micro_batch": micro,
                     "accumulate": steps,
                     "peak": _peak_dict(plan_est.report(micro)),
-                    "fits": value <= target.usable_bytes,
+                    "fits": plan_est.fits(micro),
                 }
             )
         if len([p for p in plans if p["fits"]]) >= 3:
@@ -326,12 +357,15 @@ def _verify(
     cap: int,
     progress: Progress | None,
     slope_bytes: float | None = None,
+    aim_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Real trials in fresh processes, starting at the estimate: exact with few trials.
 
     After a trial that fits, its *measured* peak and the estimate's bytes per sample
     predict where the limit is crossed, so an estimate a few percent off still needs
-    only about three trials.
+    only about three trials. Under a budget the capped allocator holds reserved near the
+    cap, so the prediction follows allocated memory instead, towards ``aim_bytes``: real
+    runs under a cap ran out with allocated at 97.4-99.1% of it (example CNN, H200).
     """
     import torch
 
@@ -367,12 +401,31 @@ def _verify(
             raise _Crashed(result)
         return result.fits
 
+    aim = target.limit_bytes
+    measure: Callable[[dict[str, Any]], int | None] = target.measure_of
+    if target.kind == "budget" and aim_bytes:
+        aim = aim_bytes
+
+        def measure(peak: dict[str, Any]) -> int | None:
+            return peak.get("allocated_bytes")
+
     def predict(b: int) -> int | None:
-        trial = next((t for t in trials if t.batch_size == b and t.fits), None)
-        measured = target.measure_of(trial.peak) if trial else None
-        if not measured or not slope_bytes or slope_bytes <= 0:
+        """Where the limit is crossed, from the measured peak at ``b``: the slope between two
+        fitting trials when there are two, else the estimate's bytes per sample."""
+        measured_at = {t.batch_size: measure(t.peak) for t in trials if t.fits and t.peak}
+        measured = measured_at.get(b)
+        if not measured:
             return None
-        return b + int((target.limit_bytes - measured) / slope_bytes)
+        slope = slope_bytes
+        others = [(abs(o - b), o) for o in measured_at if o != b and measured_at[o]]
+        if others:
+            other = min(others)[1]
+            secant = (measured - measured_at[other]) / (b - other)
+            if secant > 0:
+                slope = secant
+        if not slope or slope <= 0:
+            return None
+        return b + int((aim - measured) / slope)
 
     answer: int | None
     try:
@@ -408,19 +461,26 @@ def _search_from(
     seed = max(1, min(cap, seed))
     if fits(seed):
         lo, hi = seed, None
-        guess = predict(seed) if predict else None
-        if guess is not None and guess > lo:
+        settled = True  # the last prediction put the limit at lo
+        for _ in range(3):  # each jump lands closer: the second uses two measured peaks
+            guess = predict(lo) if predict else None
+            settled = guess is None or guess <= lo
+            if settled:
+                break
             guess = min(cap, guess)
             if fits(guess):
                 lo = guess
-            else:  # just past the limit, most likely: its neighbour settles it
-                hi = guess
-                if hi - 1 > lo:
-                    if fits(hi - 1):
-                        lo = hi - 1
-                    else:
-                        hi -= 1
-        step = 1
+                if lo == cap:
+                    break
+                continue
+            hi = guess  # just past the limit, most likely: its neighbour settles it
+            if hi - 1 > lo:
+                if fits(hi - 1):
+                    lo = hi - 1
+                else:
+                    hi -= 1
+            break
+        step = 1 if settled else max(1, lo // 100)  # unsettled jumps leave ~1% of doubt
         while hi is None and lo < cap:
             probe = min(cap, lo + step)
             if fits(probe):
@@ -466,7 +526,7 @@ def _closest_strategy(
     for name in ("bf16+checkpointing+expandable", "bf16-mixed", "checkpointing", "sgd"):
         try:
             est = Estimator(spec, target, get_strategy(name), precision, accumulate, config)
-            value = est.value(1)
+            value = est.value(1, capped=False)
         except VramscopeError:  # not applicable here, or could not be estimated
             continue
         if best is None or value < best["value_bytes"]:

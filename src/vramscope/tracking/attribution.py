@@ -120,8 +120,13 @@ class Recorder:
         line_targets: Iterable[Any] = (),
         stacks: bool = True,
         backward_depth: int = BACKWARD_HOOK_DEPTH,
+        marker_depth: int | None = None,
     ) -> None:
         self.device_type = device_type
+        # modules nested deeper than this place no markers: what they allocate counts to
+        # their ancestor at this depth (None: every module is marked)
+        self.marker_depth = marker_depth
+        self._depths: dict[int, int | None] = {}
         self.device_index = device_index
         self.lines = lines
         self.stacks = stacks
@@ -414,13 +419,26 @@ class Recorder:
             index = self._register(module)
         if not self.stack and self.phase != "backward":
             self._new_root(module, index)
+        if self.marker_depth is not None and self._too_deep(index):
+            self.stack.append(-1)  # keeps the nesting; no marker, no backward hook
+            return
         self.stack.append(index)
         self.mark([ENTER, index])
+
+    def _too_deep(self, index: int) -> bool:
+        depth = self._depths.get(index, -1)
+        if depth == -1:
+            named = self._names.get(index)
+            depth = (named[1].count(".") + 1 if named[1] else 0) if named else None
+            self._depths[index] = depth
+        return depth is not None and self.marker_depth is not None and depth > self.marker_depth
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if not self.active or _is_compiling() or not self.stack:
             return
         index = self.stack.pop()
+        if index < 0:
+            return
         self.mark([EXIT, index])
         if (
             self.phase != "backward"
@@ -874,6 +892,11 @@ def start_recorder(session: Any) -> Recorder | None:
         lines=session.detail == "lines",
         line_targets=options.get("lines_of") or (),
         stacks=session.detail == "lines" or bool(options.get("snapshot")) or STACKS_ALWAYS,
+        marker_depth=(
+            options.get("depth")
+            if session.detail == "modules" and not options.get("snapshot")
+            else None
+        ),
     )
     try:
         recorder.start()  # undoes itself when it fails

@@ -1,0 +1,111 @@
+"""The estimator's CUDA models against what an H200 did.
+
+Fixtures ``tests/data/op_trace_h200_*.json.gz`` were recorded by
+``tests/gpu/record_conv_workspaces.py`` (NVIDIA H200, torch 2.11.0+cu130, cuDNN 9.19): three
+training steps of accuracy-suite workloads with every allocator event tagged with the aten
+op that made it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vramscope.estimate import kernels
+from vramscope.estimate.allocator import events_from_device_trace, replay
+
+DATA = Path(__file__).parent / "data"
+TRACES = sorted(
+    p.name[len("op_trace_h200_") : -len(".json.gz")] for p in DATA.glob("op_trace_h200_*")
+)
+MiB = 1 << 20
+
+
+def load(name: str) -> dict:
+    with gzip.open(DATA / f"op_trace_h200_{name}.json.gz", "rt") as f:
+        return json.load(f)
+
+
+def test_there_are_traces():
+    assert len(TRACES) >= 6
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_replay_with_modelled_addresses_reproduces_the_recorded_peaks(name):
+    """The simulator places new segments below the previous ones, as cudaMalloc did: the
+    replayed peaks equal the allocator's own counters, without the recorded addresses."""
+    doc = load(name)
+    actions = doc["actions"]
+    rows = [(actions[a], addr, size, stream) for a, addr, size, stream, _ in doc["trace"]]
+    result = replay(events_from_device_trace(rows).events)
+    assert result.peak_reserved_bytes == doc["stats"]["reserved_bytes.all.peak"]
+    assert result.peak_allocated_bytes == doc["stats"]["allocated_bytes.all.peak"]
+
+
+def _meta(desc: dict) -> torch.Tensor:
+    return torch.empty(desc["shape"], dtype=getattr(torch, desc["dtype"]), device="meta")
+
+
+def _forward_workspaces(doc: dict) -> list[tuple[int, int]]:
+    """(recorded, modelled) workspace bytes of every convolution forward of the first step."""
+    actions = doc["actions"]
+    events: dict[int, list[tuple[str, int, int]]] = {}
+    for a, addr, size, _, op in doc["trace"]:
+        if op >= 0:
+            events.setdefault(op, []).append((actions[a], addr, size))
+    pairs = []
+    for index, name, _, args in doc["ops"]:
+        if name != "convolution" or index >= doc["step_marks"][0]:
+            continue
+        own = events.get(index, [])
+        freed = {addr for action, addr, _ in own if action == "free_requested"}
+        recorded = sum(size for action, addr, size in own if action == "alloc" and addr in freed)
+        x, w = _meta(args[0]), _meta(args[1])
+        stride, padding, dilation, transposed, groups = args[3], args[4], args[5], args[6], args[8]
+        out = torch.nn.functional.conv2d(x, w, None, stride, padding, dilation, groups)
+        modelled = kernels._conv_transform_bytes(x, w, out, stride, groups, transposed)
+        pairs.append((recorded, modelled))
+    return pairs
+
+
+def test_convolution_workspaces_follow_the_transpose_rule():
+    """Most convolutions take exactly input + output + weight (or nothing); each workload's
+    total is within 10% of what cuDNN allocated."""
+    close = total = 0
+    for name in TRACES:
+        pairs = _forward_workspaces(load(name))
+        recorded = sum(r for r, _ in pairs)
+        modelled = sum(m for _, m in pairs)
+        if recorded:
+            assert abs(modelled - recorded) <= 0.10 * recorded, name
+        close += sum(abs(m - r) <= 0.02 * r + 4 * MiB for r, m in pairs)
+        total += len(pairs)
+    assert total > 100 and close >= 0.85 * total
+
+
+def test_silu_backward_runs_as_one_kernel_on_the_emulated_gpu():
+    """A CPU-only torch has no CUDA kernel for silu_backward and would run its formula
+    (sigmoid, sub, add, three muls); the estimate must see the single kernel the GPU runs."""
+    import vramscope
+    from vramscope.estimate import trace as tracing
+    from vramscope.estimate.profiles import get_profile
+    from vramscope.workload import resolve
+
+    def build(batch_size: int, device: torch.device) -> vramscope.Workload:
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.SiLU(), torch.nn.Linear(64, 1))
+        m = m.to(device)
+        return vramscope.Workload(
+            model=m,
+            optimizer=torch.optim.SGD(m.parameters()),
+            batch=lambda: torch.randn(batch_size, 64, device=device),
+            loss=lambda model, x: model(x).sum(),
+        )
+
+    trace = tracing.trace_workload(resolve(build), 32, get_profile("h200"), steps=1)
+    ops = {b.op for b in trace.blocks.values()}
+    assert "silu_backward.default" in ops
+    assert "sigmoid.default" not in ops
