@@ -11,7 +11,8 @@ Three measurements:
 * ``hf:llama-7b`` from its config in a fresh process: wall time and the process's peak
   resident memory (``ru_maxrss``) -- targets ≤30 s and ≤2 GB (nothing proportional to the
   7 billion parameters may be allocated).
-Prints a table with MET / MISSED per target and writes the JSON.
+Prints a table with MET / MISSED per target and writes the JSON, and the table beside it
+(``.txt``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,15 @@ def in_fresh_process(spec: str, batch: int, precision: str) -> dict:
     return wall
 
 
+_LINES: list[str] = []
+
+
+def say(text: str) -> None:
+    """Print a line of the table and keep it for the ``.txt``."""
+    print(text, flush=True)
+    _LINES.append(text)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(HERE / "results" / "estimate_speed.json"))
@@ -95,11 +105,11 @@ def main() -> int:
     estimate("example:gpt", 2)  # warm-up: imports, symbol lookup, first fake-tensor caches
     warmup = time.perf_counter() - start
     rows = []
-    print(f"{'model':16s} {'params':>8s} {'seconds':>8s}  target ≤{TARGET_S:.0f} s", flush=True)
+    say(f"{'model':16s} {'params':>8s} {'seconds':>8s}  target ≤{TARGET_S:.0f} s")
     for label, spec, batch, precision, _millions, needs in MODELS:
         if not available(needs):
             rows.append({"model": label, "skipped": f"needs {needs}"})
-            print(f"{label:16s} skipped (needs {needs})", flush=True)
+            say(f"{label:16s} skipped (needs {needs})")
             continue
         if needs == "transformers" and not any(r.get("warm_library") for r in rows):
             estimate("hf:gpt2/seq=64", 1)  # transformers' lazy imports, once
@@ -122,17 +132,16 @@ def main() -> int:
                 "met": met,
             }
         )
-        print(
+        say(
             f"{label:16s} {report.workload['parameters'] / 1e6:7.0f}M {seconds:8.2f}  "
-            f"{'MET' if met else 'MISSED'}",
-            flush=True,
+            f"{'MET' if met else 'MISSED'}"
         )
     result: dict = {"warmup_seconds": round(warmup, 2), "models": rows}
     if available("transformers"):
         cold = in_fresh_process("hf:gpt2/seq=1024", 16, "bf16-mixed")
         result["cold_gpt2"] = cold
         if "seconds" in cold:
-            print(f"cold process, hf:gpt2 (imports included): {cold['seconds']:.1f} s")
+            say(f"cold process, hf:gpt2 (imports included): {cold['seconds']:.1f} s")
         if not args.quick:
             label, spec, batch, precision = SEVEN_B
             seven = in_fresh_process(spec, batch, precision)
@@ -140,7 +149,7 @@ def main() -> int:
             seven["met_rss"] = seven.get("max_rss_bytes", 1e18) <= TARGET_7B_RSS
             result["llama_7b"] = seven
             if "seconds" in seven:
-                print(
+                say(
                     f"{label} ({seven['parameters'] / 1e9:.1f} B parameters), fresh process: "
                     f"{seven['seconds']:.1f} s (≤{TARGET_7B_S:.0f} s: "
                     f"{'MET' if seven['met_time'] else 'MISSED'}), peak RSS "
@@ -148,7 +157,7 @@ def main() -> int:
                     f"{'MET' if seven['met_rss'] else 'MISSED'})"
                 )
             else:
-                print(f"{label}: FAILED {seven.get('error')}")
+                say(f"{label}: FAILED {seven.get('error')}")
     timed = [r for r in rows if "seconds" in r]
     result["summary"] = {
         "max_seconds_up_to_1b": max((r["seconds"] for r in timed), default=None),
@@ -156,7 +165,7 @@ def main() -> int:
         and result.get("llama_7b", {}).get("met_time", True)
         and result.get("llama_7b", {}).get("met_rss", True),
     }
-    print("all targets met" if result["summary"]["all_met"] else "SOME TARGETS MISSED")
+    say("all targets met" if result["summary"]["all_met"] else "SOME TARGETS MISSED")
     result["meta"] = {
         "date": datetime.date.today().isoformat(),
         "cpu": platform.processor() or platform.machine(),
@@ -165,7 +174,8 @@ def main() -> int:
         "torch": torch.__version__,
     }
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    Path(args.out).with_suffix(".txt").write_text("\n".join(_LINES) + "\n")
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.txt').name}")
     return 0
 
 

@@ -76,6 +76,9 @@ def estimate(
     steady step until reserved memory stops growing. ``memory`` (``"24GiB"``) overrides the
     GPU's total. ``allocator_config`` is ``PYTORCH_CUDA_ALLOC_CONF`` syntax; when None, the
     ``PYTORCH_ALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF`` of this process apply, as on the GPU.
+    ``reserved_limit`` caps what the allocator may reserve, as
+    ``torch.cuda.set_per_process_memory_fraction`` does: it frees its cache and retries
+    before it runs out, and the verdict's ``oom_at`` says where it still did.
     """
     started = time.perf_counter()
     profile = get_profile(gpu)
@@ -198,10 +201,14 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
     ids: dict[int, int] = {}  # trace block id (or synthetic) -> sim id
     sizes: dict[int, int] = {}
     failed: set[int] = set()
-    live_alloc = 0
+    # Every change of ``sizes`` and ``kinds`` in order: (_ALLOC, key, size), (_FREE, key,
+    # None), (_KIND, key, kind). The live blocks and their kinds at the peak are rebuilt from
+    # it once at the end, rather than copied at each of the (thousand) new peaks on the way.
+    history: list[tuple[int, int, Any]] = []
+    log = history.append
+    peak_at = -1  # len(history) at the peak
 
     def alloc(key: int, size: int, where: tuple[int, str]) -> None:
-        nonlocal live_alloc
         try:
             ids[key] = sim.malloc(size, 0)
         except SimulatedOOM:
@@ -210,6 +217,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                 out.oom, out.oom_request, out.oom_where = True, size, where
             return
         sizes[key] = size
+        log((_ALLOC, key, size))
 
     def free(key: int) -> None:
         if key in failed:
@@ -219,12 +227,14 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
         if sid is not None:
             sim.free(sid)
             sizes.pop(key, None)
+            log((_FREE, key, None))
 
     # build and set-up
     for event in trace.events[: trace.setup_end]:
         if event[0] == "alloc":
             alloc(event[1], event[2], (-1, "build"))
             kinds[event[1]] = blocks[event[1]].kind
+            log((_KIND, event[1], kinds[event[1]]))
         elif event[0] == "free":
             free(event[1])
         elif event[0] == "empty_cache":
@@ -240,6 +250,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
 
     def run(step: int, start: int, end: int, mapping: dict[int, int] | None) -> None:
         """Replay events [start, end) as ``step``; ``mapping`` renames trace ids (repeats)."""
+        nonlocal peak_at
         phases: list[PhaseRun] = []
         current: PhaseRun | None = None
         alloc_before = sim.allocated_bytes
@@ -249,12 +260,15 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                     current.end_allocated = sim.allocated_bytes
                 current = _open_phase(phases, step, phase, sim.allocated_bytes, sim.reserved_bytes)
                 if phase == "backward":
-                    _mark_activations(sizes, kinds, blocks, mapping, out, step, len(slices) - 1)
+                    _mark_activations(
+                        sizes, kinds, blocks, mapping, out, step, len(slices) - 1, log
+                    )
             event = trace.events[index]
             kind = event[0]
             if kind == "alloc":
                 key = event[1] if mapping is None else mapping.setdefault(event[1], _fresh())
                 kinds[key] = blocks[event[1]].kind
+                log((_KIND, key, kinds[key]))
                 phase_name = current.name if current else "data"
                 alloc(key, event[2], (step, phase_name))
                 allocated = sim.allocated_bytes
@@ -268,10 +282,9 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                     out.peak_allocated = allocated
                     out.peak_step = step
                     out.peak_phase = phase_name
-                    out.peak_live = dict(sizes) if _worth_copy(out, allocated) else out.peak_live
+                    peak_at = len(history)
                     out.peak_fragmentation = sim.inactive_split_bytes
                     out.peak_requested = sim.requested_bytes
-                    out.activations = {k: kinds.get(k, "temporary") for k in out.peak_live}
                 if sim.reserved_bytes > out.peak_reserved:
                     out.peak_reserved = sim.reserved_bytes
             elif kind == "free":
@@ -312,6 +325,8 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                 break
         out.stable = sim.reserved_bytes == reserved_before if step > last_step else True
     out.simulated_steps = step + 1
+    if peak_at >= 0:
+        out.peak_live, out.activations = _state_at(history, peak_at)
     out.num_alloc_retries = sim.num_alloc_retries
     out.num_segments = sim.num_segments
     out.reserved_at_end = sim.reserved_bytes
@@ -319,6 +334,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
 
 
 _FRESH = [1 << 40]
+_ALLOC, _FREE, _KIND = 0, 1, 2
 
 
 def _fresh() -> int:
@@ -326,8 +342,21 @@ def _fresh() -> int:
     return _FRESH[0]
 
 
-def _worth_copy(out: Replay, allocated: int) -> bool:
-    return True
+def _state_at(
+    history: list[tuple[int, int, Any]], end: int
+) -> tuple[dict[int, int], dict[int, str]]:
+    """The live blocks (block -> size, in allocation order) and their kinds after the first
+    ``end`` changes of the replay's history."""
+    live: dict[int, int] = {}
+    kind_of: dict[int, str] = {}
+    for code, key, value in history[:end]:
+        if code == _ALLOC:
+            live[key] = value
+        elif code == _FREE:
+            live.pop(key, None)
+        else:
+            kind_of[key] = value
+    return live, {k: kind_of.get(k, "temporary") for k in live}
 
 
 def _open_phase(
@@ -346,6 +375,7 @@ def _mark_activations(
     out: Replay,
     step: int,
     last_traced: int,
+    log: Any,
 ) -> None:
     """Where backward begins, what forward made and is still alive is saved for backward."""
     reverse = {v: k for k, v in mapping.items()} if mapping else {}
@@ -355,6 +385,7 @@ def _mark_activations(
             meta = blocks.get(original)
             if meta is not None and meta.phase in ("forward", "data"):
                 kinds[key] = "activation"
+                log((_KIND, key, "activation"))
                 if step == last_traced:
                     owner = meta.module or ""
                     out.module_activations[owner] = (
