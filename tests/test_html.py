@@ -239,12 +239,22 @@ def test_a_10000_step_run_stays_under_5_mb_and_keeps_its_peaks():
     assert len(page.encode("utf-8")) < 5 * 1000 * 1000
     charts = figures(page)
     timeline = charts["chart-timeline"]
-    for name in ("allocated", "reserved", "device used (nvidia-smi)", "host RSS"):
+    tl = report.timeline
+    for name, values in (
+        ("allocated", tl.allocated_bytes),
+        ("reserved", tl.reserved_bytes),
+        ("device used (nvidia-smi)", tl.device_used_bytes),
+        ("host RSS", tl.host_rss_bytes),
+    ):
+        drawn = [v for v in trace(timeline, name)["y"] if v is not None]
         assert len(trace(timeline, name)["x"]) <= html.MAX_POINTS
-    top = max(v for v in report.timeline.allocated_bytes if v is not None)
-    assert max(v for v in trace(timeline, "allocated")["y"] if v is not None) == pytest.approx(
-        top / 2**30, abs=1e-4
-    )
+        present = [v for v in values if v is not None]
+        assert max(drawn) == pytest.approx(max(present) / 2**30, abs=1e-4), name  # every peak
+        assert min(drawn) == pytest.approx(min(present) / 2**30, abs=1e-4), name  # and trough
+    steps = trace(charts["chart-steps"], "peak allocated")
+    assert len(steps["x"]) <= html.MAX_POINTS
+    top_step = max(s.peak_allocated_bytes for s in report.steps)
+    assert max(steps["y"]) == pytest.approx(top_step / 2**20, abs=1e-4)  # MiB on that chart
     bands = [t for t in timeline["data"] if t.get("fill") == "toself" and t["name"] != "startup"]
     assert sum(len(t["x"]) for t in bands) <= 6 * html.MAX_BANDS
     assert "alternate per" in page  # says the bands were merged
