@@ -19,18 +19,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from vramscope.report.model import CATEGORY_NAMES, PHASE_NAMES, Report
+from vramscope.report.model import CATEGORY_NAMES, MODULE_KEPT_FIELDS, PHASE_NAMES, Report
 from vramscope.units import format_bytes
 
 DIFF_SCHEMA = "vramscope.diff/1"
-# held at the same time, so they add up (temporaries are peaks at different moments)
-MODULE_KEPT_FIELDS = (
-    "parameters_bytes",
-    "buffers_bytes",
-    "gradients_bytes",
-    "optimizer_state_bytes",
-    "activations_bytes",
-)
 MAX_MODULE_ROWS = 20
 SECTION_TITLES = {
     "peak": "Peak",

@@ -24,6 +24,7 @@ from typing import Any
 
 from vramscope.report.model import (
     CATEGORY_NAMES,
+    MODULE_KEPT_FIELDS,
     PHASE_NAMES,
     Reconciliation,
     Report,
@@ -84,14 +85,6 @@ MODULE_FIELDS = (  # byte fields of report.modules entries, in table order
     ("temporaries_peak_bytes", "temporaries (peak)"),
     ("forward_temporaries_peak_bytes", "fwd temporaries (peak)"),
     ("backward_temporaries_peak_bytes", "bwd temporaries (peak)"),
-)
-# held at the same time, so they add up; temporaries are peaks at different moments
-MODULE_KEPT_FIELDS = (
-    "parameters_bytes",
-    "buffers_bytes",
-    "gradients_bytes",
-    "optimizer_state_bytes",
-    "activations_bytes",
 )
 
 PLOTLY_CONFIG = {

@@ -29,6 +29,15 @@ CATEGORY_NAMES = (
     "other",
 )
 PHASE_NAMES = ("forward", "backward", "optimizer", "zero_grad", "data", "other")
+# per-module memory held at the same time, so it adds up (temporaries are peaks at
+# different moments and never added)
+MODULE_KEPT_FIELDS = (
+    "parameters_bytes",
+    "buffers_bytes",
+    "gradients_bytes",
+    "optimizer_state_bytes",
+    "activations_bytes",
+)
 
 
 @dataclass
