@@ -34,6 +34,11 @@ def test_there_are_traces():
     assert len(TRACES) >= 6
 
 
+# where cudaMalloc did not place each new segment below the previous ones (the example CNN
+# in bf16: its 2 MiB segments went upwards), so only the recorded addresses give the peak
+UPWARDS = {"example-cnn-b128-bf16"}
+
+
 @pytest.mark.parametrize("name", TRACES)
 def test_replay_with_modelled_addresses_reproduces_the_recorded_peaks(name):
     """The simulator places new segments below the previous ones, as cudaMalloc did: the
@@ -41,9 +46,16 @@ def test_replay_with_modelled_addresses_reproduces_the_recorded_peaks(name):
     doc = load(name)
     actions = doc["actions"]
     rows = [(actions[a], addr, size, stream) for a, addr, size, stream, _ in doc["trace"]]
-    result = replay(events_from_device_trace(rows).events)
-    assert result.peak_reserved_bytes == doc["stats"]["reserved_bytes.all.peak"]
+    events = events_from_device_trace(rows).events
+    result = replay(events)
+    reserved = doc["stats"]["reserved_bytes.all.peak"]
     assert result.peak_allocated_bytes == doc["stats"]["allocated_bytes.all.peak"]
+    if name not in UPWARDS:
+        assert result.peak_reserved_bytes == reserved
+        return
+    assert abs(result.peak_reserved_bytes / reserved - 1) < 0.05
+    segments = [addr for a, addr, *_ in doc["trace"] if actions[a] == "segment_alloc"]
+    assert replay(events, segment_addresses=segments).peak_reserved_bytes == reserved
 
 
 def _meta(desc: dict) -> torch.Tensor:

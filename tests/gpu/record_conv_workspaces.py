@@ -4,6 +4,12 @@ estimator's model of cuDNN convolution workspaces.
 Usage (on a machine with a CUDA GPU):
 
     python tests/gpu/record_conv_workspaces.py OUTDIR [--only CASE ...] [--steps 3]
+    python tests/gpu/record_conv_workspaces.py OUTDIR --run NAME=SPEC,BATCH[,PRECISION[,STRATEGY[,BUDGET_GIB]]]
+
+``--run`` records a workload outside the suite, optionally with one of ``compare``'s
+strategies applied and under a budget (``set_per_process_memory_fraction``, set before the
+workload is built, as ``fit --verify`` trials do; an out-of-memory error ends the recording
+with the allocator's ``oom`` entry in the trace).
 
 For each case of the accuracy suite (``benchmarks/suite.py``) named here, a fresh process
 builds the workload exactly as ``vramscope measure`` does, records the allocator's history
@@ -74,15 +80,37 @@ def _describe(args: tuple, name: str) -> list:
     return out
 
 
+def _adhoc(text: str):
+    """``NAME=SPEC,BATCH[,PRECISION[,STRATEGY[,BUDGET_GIB]]]`` as a suite case plus extras."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from suite import Case
+
+    name, _, rest = text.partition("=")
+    parts = rest.split(",")
+    precision = parts[2] if len(parts) > 2 and parts[2] else "32-true"
+    strategy = parts[3] if len(parts) > 3 and parts[3] else "baseline"
+    budget = float(parts[4]) if len(parts) > 4 and parts[4] else None
+    return Case(name, parts[0], int(parts[1]), precision), strategy, budget
+
+
 def child(case_name: str, out: Path, steps: int) -> int:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from suite import SUITE
+    from vramscope.fit.strategies import get_strategy
     from vramscope.workload import StepRunner, build_workload, resolve
 
-    case = next(c for c in SUITE if c.name == case_name)
+    strategy_name, budget_gib = "baseline", None
+    if "=" in case_name:
+        case, strategy_name, budget_gib = _adhoc(case_name)
+    else:
+        case = next(c for c in SUITE if c.name == case_name)
+    strategy = get_strategy(strategy_name)
+    if budget_gib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget_gib * 2**30 / total))
     set_meta = torch._C._cuda_setMemoryMetadata
     device = torch.device("cuda", 0)
     ops: list[list] = []
@@ -104,15 +132,23 @@ def child(case_name: str, out: Path, steps: int) -> int:
 
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     spec = resolve(case.spec)
-    w = build_workload(spec.builder, case.batch_size, device, spec.spec)
-    w = w.with_overrides(precision=case.precision, accumulate=case.accumulate)
+    builder = strategy.wrap(spec.builder)
+    w = build_workload(builder, strategy.micro_batch(case.batch_size), device, spec.spec)
+    w = w.with_overrides(
+        precision=strategy.precision or case.precision,
+        accumulate=strategy.accumulate(case.accumulate),
+    )
     runner = StepRunner(w, device)
     step_marks = []
+    oom = None
     with TagOps():
-        for _ in range(steps):
-            runner()
-            torch.cuda.synchronize()
-            step_marks.append(len(ops))
+        try:
+            for _ in range(steps):
+                runner()
+                torch.cuda.synchronize()
+                step_marks.append(len(ops))
+        except torch.cuda.OutOfMemoryError as exc:
+            oom = str(exc).splitlines()[0][:300]
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     streams: dict[int, int] = {}
@@ -123,7 +159,7 @@ def child(case_name: str, out: Path, steps: int) -> int:
         meta = e.get("user_metadata") or ""
         op = int(meta[2:]) if meta.startswith("op") else -1
         stream = streams.setdefault(e.get("stream", 0), len(streams))
-        trace.append([ACTIONS.index(e["action"]), e["addr"], e["size"], stream, op])
+        trace.append([ACTIONS.index(e["action"]), e.get("addr", 0), e["size"], stream, op])
     stats = torch.cuda.memory_stats()
     keep = ("allocated_bytes.all.peak", "reserved_bytes.all.peak", "segment.all.peak")
     payload = {
@@ -140,6 +176,9 @@ def child(case_name: str, out: Path, steps: int) -> int:
             "gpu": torch.cuda.get_device_name(0),
             "capability": list(torch.cuda.get_device_capability(0)),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "strategy": strategy_name,
+            "budget_gib": budget_gib,
+            "oom": oom,
         },
         "actions": ACTIONS,
         "step_marks": step_marks,
@@ -157,14 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--run", action="append", default=[], metavar="NAME=SPEC,BATCH,...")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child(args.child, args.outdir, args.steps)
     args.outdir.mkdir(parents=True, exist_ok=True)
     failed = []
-    for name in args.only or DEFAULT_CASES:
-        out = args.outdir / f"op_trace_{name}.json.gz"
+    runs = args.run or args.only or DEFAULT_CASES
+    for name in runs:
+        out = args.outdir / f"op_trace_{name.partition('=')[0]}.json.gz"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTORCH_CUDA_ALLOC")}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
         t0 = time.time()

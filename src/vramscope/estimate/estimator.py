@@ -155,6 +155,7 @@ class Replay:
     oom_request: int | None = None
     oom_where: tuple[int, str] | None = None
     num_alloc_retries: int = 0
+    fallbacks: int = 0  # allocations that ran out and took a kernel's smaller variant
     num_segments: int = 0
     reserved_at_end: int = 0
     activations: dict[int, str] = field(default_factory=dict)  # block -> kind at peak
@@ -197,6 +198,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
     sim = CachingAllocatorSim(config, capacity, device_total_bytes=total)
     out = Replay()
     blocks = trace.blocks
+    fallbacks = trace.fallbacks
     kinds: dict[int, str] = {}
     ids: dict[int, int] = {}  # trace block id (or synthetic) -> sim id
     sizes: dict[int, int] = {}
@@ -208,14 +210,40 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
     log = history.append
     peak_at = -1  # len(history) at the peak
 
-    def alloc(key: int, size: int, where: tuple[int, str]) -> None:
+    plans: dict[Any, int] = {}  # a kernel's plan key -> the size of the variant that ran
+
+    def alloc(key: int, size: int, where: tuple[int, str], fallback: Any) -> None:
+        plan: Any = None
+        ladder: tuple[int, ...] = ()
+        if fallback is not None:
+            plan, ladder = fallback
+            size = plans.get(plan, size)  # a plan that ran before runs again
+            ladder = tuple(s for s in ladder if s < size)
+        if size <= 0:  # the variant without a workspace
+            failed.add(key)
+            return
         try:
             ids[key] = sim.malloc(size, 0)
         except SimulatedOOM:
-            failed.add(key)
-            if not out.oom:
-                out.oom, out.oom_request, out.oom_where = True, size, where
-            return
+            # a kernel with a smaller variant (cuDNN's other engines) makes do with less
+            for smaller in ladder:
+                if smaller <= 0:
+                    failed.add(key)
+                    plans[plan] = 0
+                    out.fallbacks += 1
+                    return
+                try:
+                    ids[key] = sim.malloc(smaller, 0)
+                except SimulatedOOM:
+                    continue
+                out.fallbacks += 1
+                size = plans[plan] = smaller
+                break
+            else:
+                failed.add(key)
+                if not out.oom:
+                    out.oom, out.oom_request, out.oom_where = True, size, where
+                return
         sizes[key] = size
         log((_ALLOC, key, size))
 
@@ -232,7 +260,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
     # build and set-up
     for event in trace.events[: trace.setup_end]:
         if event[0] == "alloc":
-            alloc(event[1], event[2], (-1, "build"))
+            alloc(event[1], event[2], (-1, "build"), None)
             kinds[event[1]] = blocks[event[1]].kind
             log((_KIND, event[1], kinds[event[1]]))
         elif event[0] == "free":
@@ -270,7 +298,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                 kinds[key] = blocks[event[1]].kind
                 log((_KIND, key, kinds[key]))
                 phase_name = current.name if current else "data"
-                alloc(key, event[2], (step, phase_name))
+                alloc(key, event[2], (step, phase_name), fallbacks.get(event[1]))
                 allocated = sim.allocated_bytes
                 if current is not None:
                     if allocated > current.peak_allocated:
@@ -526,6 +554,8 @@ def _report(
     report.extra["allocator"] = {
         "config": str(config) or None,
         "num_alloc_retries": result.num_alloc_retries,
+        # kernels that ran out of memory for a workspace and ran a variant with less
+        "smaller_workspaces": result.fallbacks,
         "segments": result.num_segments,
         "simulated": True,
     }

@@ -35,8 +35,14 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   other. No workspace for grouped (depthwise) convolutions, for channels-last inputs, for a
   1x1 stride-1 convolution over at least 14x14 positions (run as a GEMM), nor for a 3x3 or
   smaller kernel over at most 4 input channels (an image's first layer); a larger kernel on
-  such an input takes input and output (bf16/fp16 pad the channels to 8). It is a rule of
-  the engines' shape, not a fit: individual engines may take one operand less.
+  such an input takes input and output (bf16/fp16 pad the channels to 8). A float32 forward
+  convolution that widens at most 64 input channels (ResNet-18's and the example CNN's
+  downsampling 3x3 convolutions, VGG-16's 64 to 128) writes its output directly: input and
+  weight only. It is a rule of the engines' shape, not a fit: individual engines may take one
+  operand less. When a workspace does not fit (under a memory cap), cuDNN tries its other
+  engines: recorded, a forward then took input and weight only, a weight gradient its
+  transposes without the split-K partials, and otherwise an engine without a workspace ran.
+  The replay tries those sizes in that order (``Trace.fallbacks``) instead of failing.
 
 Everything here is a global rule from those sources; nothing is fitted to a workload.
 """
@@ -374,6 +380,14 @@ def _workspace(recorder: Recorder, library: str, size: int) -> None:
         recorder.workspaces[library] = recorder.workspaces.get(library, 0) + size
 
 
+def _lt_workspaces(recorder: Recorder, profile: GpuProfile) -> None:
+    # cuBLASLt runs on the thread's cuBLAS handle: its first use sets that handle up, cuBLAS
+    # workspace included, then takes its own (recorded on an H200: 32 MiB, then 1 MiB, at the
+    # first nn.Linear of ResNet-18/50, VGG-16, ViT-B/16 and the example CNN)
+    _workspace(recorder, "cublas", cublas_workspace_bytes(profile))
+    _workspace(recorder, "cublaslt", cublaslt_workspace_bytes())
+
+
 # ---- what each op adds -----------------------------------------------------------------------
 
 
@@ -402,13 +416,13 @@ def after_op(
     if func is aten.addmm.default:
         if _on_cuda(args[1]):
             if _uses_cublaslt(args, kwargs):
-                _workspace(recorder, "cublaslt", cublaslt_workspace_bytes())
+                _lt_workspaces(recorder, profile)
             else:
                 _workspace(recorder, "cublas", cublas_workspace_bytes(profile))
         return
     if func in _LT_OPS:
         if _on_cuda(args[1]):
-            _workspace(recorder, "cublaslt", cublaslt_workspace_bytes())
+            _lt_workspaces(recorder, profile)
         return
     if func in _CUDNN_FORWARD:
         recorder.libraries.add("cudnn")
@@ -416,8 +430,13 @@ def after_op(
         recorder.libraries.add("cudnn_backward")
     if func is aten.convolution.default:
         if _on_cuda(args[0]) and profile.capability[0] >= 8:
-            size = _conv_transform_bytes(args[0], args[1], out, args[3], args[8], args[6])
-            recorder.transient(size, "temporary", "cuDNN convolution workspace")
+            size = _conv_transform_bytes(
+                args[0], args[1], out, args[3], args[8], args[6], forward=True
+            )
+            smaller = _storage_bytes(args[0]) + _storage_bytes(args[1])
+            ladder = (smaller, 0) if 0 < smaller < size else (0,)
+            key = _plan_key("forward", args[0], args[1], args[3])
+            recorder.transient(size, "temporary", "cuDNN convolution workspace", (key, ladder))
         return
     if func is aten.convolution_backward.default:
         if _on_cuda(args[1]) and profile.capability[0] >= 8:
@@ -499,11 +518,13 @@ def _conv_transform_bytes(
     groups: int,
     transposed: bool,
     gemm_from: int = 14 * 14,
+    forward: bool = False,
 ) -> int:
     """The workspace of a cuDNN 2-D convolution whose engine transposes NCHW to NHWC: the
     input, the output and the weight, each rounded as the allocator rounds (see the module
     docstring for the cases without one). A 1x1 stride-1 convolution over ``gemm_from``
-    positions or more runs as a GEMM, without."""
+    positions or more runs as a GEMM, without; a float32 ``forward`` that widens at most 64
+    channels (a kernel larger than 1x1) transposes no output."""
     if transposed or groups != 1 or x.dim() != 4 or not isinstance(out, torch.Tensor):
         return 0
     if not x.is_contiguous():
@@ -519,28 +540,71 @@ def _conv_transform_bytes(
         # a large kernel on an image: input (channels padded to 8 in half precision) and output
         pad = 8 if x.dtype in HALF else channels
         return _round(x.numel() // channels * pad * x.element_size(), 512) + _storage_bytes(out)
+    return _transform_operands(x, w, out, kh, kw, channels, forward) + _CUDNN_SLACK
+
+
+# what cuDNN asked for beyond the operands it transposes: 147 bytes in 614 of the 733 forward
+# convolutions recorded (16 in the rest), which the allocator's rounding turns into 512
+_CUDNN_SLACK = 147
+
+
+def _transform_operands(
+    x: Any, w: Any, out: Any, kh: int, kw: int, channels: int, forward: bool
+) -> int:
+    if (
+        forward
+        and x.dtype == torch.float32
+        and kh * kw > 1
+        and channels <= 64
+        and int(w.shape[0]) >= 2 * channels
+    ):
+        return _storage_bytes(x) + _storage_bytes(w)
     return _storage_bytes(x) + _storage_bytes(out) + _storage_bytes(w)
 
 
 def _conv_backward_workspaces(recorder: Recorder, args: tuple[Any, ...], out: Any) -> None:
     """Data gradient, then weight gradient: each transposes its three operands; the weight
-    gradient also keeps float32 split-K partial sums of the weight (14 slices, between 2 and
-    8 MiB in the engines recorded), and transposes for 1x1 convolutions up to 27x27."""
+    gradient also keeps float32 split-K partial sums of the weight (14 slices, between about
+    2 and 8 MiB in the engines recorded), and transposes for 1x1 convolutions up to 27x27."""
     grad_out, x, w = args[0], args[1], args[2]
     stride, transposed, groups, mask = args[4], args[7], args[9], args[10]
     if not isinstance(out, (tuple, list)):
         return
     if mask[0] and isinstance(out[0], torch.Tensor):
         size = _conv_transform_bytes(x, w, grad_out, stride, groups, transposed)
-        recorder.transient(size, "temporary", "cuDNN convolution backward (data) workspace")
+        # recorded: the data gradient runs (and frees its workspace) before the weight
+        # gradient is allocated
+        later = out[1] if mask[1] and isinstance(out[1], torch.Tensor) else None
+        key = _plan_key("data", x, w, stride)
+        recorder.transient(
+            size, "temporary", "cuDNN convolution backward (data) workspace", (key, (0,)), later
+        )
     if mask[1] and isinstance(out[1], torch.Tensor):
         size = _conv_transform_bytes(
             x, out[1], grad_out, stride, groups, transposed, gemm_from=28 * 28
         )
+        ladder: tuple[int, ...] = (0,)
         if size:
-            partial = 14 * out[1].numel() * 4
-            size += min(max(partial, 2 * MiB), 8 * MiB)
-        recorder.transient(size, "temporary", "cuDNN convolution backward (weight) workspace")
+            # the engine tried next splits K in 3 (recorded under a cap: 56.0 MiB for the
+            # example CNN's 128-channel 3x3 layer at batch 215, where 14 slices took 62.2)
+            ladder = (size + 3 * out[1].numel() * 4, 0)
+            floor = _PARTIALS_FLOOR * (2 if any(int(s) > 1 for s in stride) else 1)
+            size += min(max(14 * out[1].numel() * 4, floor), 8 * MiB)
+        key = _plan_key("weight", x, w, stride)
+        recorder.transient(
+            size, "temporary", "cuDNN convolution backward (weight) workspace", (key, ladder)
+        )
+
+
+# the least the weight gradient's split-K partials took: 14 float32 slices of a 64x64x3x3
+# weight, also for smaller weights (recorded for 32x32x3x3 at batch 215 and up); twice that
+# for a strided convolution (3.8 and 4.1 MiB recorded for 64x32x3x3 and 128x64x3x3)
+_PARTIALS_FLOOR = 14 * 64 * 64 * 9 * 4
+
+
+def _plan_key(kind: str, x: Any, w: Any, stride: Any) -> tuple[Any, ...]:
+    """What torch's cache of cuDNN plans tells convolutions apart by (enough of it)."""
+    return (kind, tuple(x.shape), tuple(w.shape), x.dtype, tuple(int(s) for s in stride))
 
 
 def _on_cuda(t: Any) -> bool:

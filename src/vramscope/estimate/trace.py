@@ -63,6 +63,7 @@ from vramscope.tracking.categories import tensors_in as _tensors_in
 from vramscope.workload import StepRunner, Workload, WorkloadSpec
 
 aten = torch.ops.aten
+_ADD = aten.add.Tensor
 CUDA = torch.device("cuda", 0)
 SHADOW_LIMIT = 4096  # elements: small tensors also get real values, for .item() and .tolist()
 
@@ -481,6 +482,10 @@ class Trace:
     build_seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)
     module_of_block: dict[int, str] = field(default_factory=dict)
+    # block -> (plan key, smaller sizes) a kernel falls back to when its first size runs out
+    # of memory (0: a variant without the buffer), tried in order: cuDNN's workspaces. The
+    # variant that ran is kept for later calls with the same key (torch caches cuDNN plans).
+    fallbacks: dict[int, tuple[Any, tuple[int, ...]]] = field(default_factory=dict)
 
 
 class Recorder:
@@ -507,6 +512,9 @@ class Recorder:
         self.sdpa: dict[str, int] = {}
         self.libraries: set[str] = set()
         self.workspaces: dict[str, int] = {}
+        self.fallbacks: dict[int, tuple[Any, tuple[int, ...]]] = {}
+        # (storage key, block, event index, operand blocks) of a sum that may be in place
+        self.accumulating: tuple[int, int, int, list[int]] | None = None
         self.data_dependent: dict[str, str] = {}
         self.notes: list[str] = []
         self.order = 0
@@ -525,6 +533,7 @@ class Recorder:
     def _alloc(self, size: int, kind: str, op: str) -> int:
         bid = self.next_id
         self.next_id += 1
+        self.accumulating = None  # another allocation came first: the sum keeps its own block
         module = self.module_stack[-1] if self.module_stack else None
         self.blocks[bid] = BlockMeta(size, self.step, self.phase, self.micro, kind, module, op)
         self.events.append(("alloc", bid, size, 0))
@@ -540,12 +549,40 @@ class Recorder:
         self.events.append(("free", bid))
         self.allocated_bytes -= meta.size
 
-    def transient(self, size: int, kind: str, op: str) -> None:
-        """A kernel's internal buffer: allocated and freed inside the op."""
+    def transient(
+        self,
+        size: int,
+        kind: str,
+        op: str,
+        fallbacks: tuple[Any, tuple[int, ...]] | None = None,
+        before: Any = None,
+    ) -> None:
+        """A kernel's internal buffer: allocated and freed inside the op. ``fallbacks``: a
+        key of the kernel's plan and the smaller sizes it makes do with when ``size`` runs out
+        of memory (0: none). ``before``: an output the kernel allocates after this buffer."""
         if not self.recording or size <= 0:
             return
         with self.lock:
-            self._free(self._alloc(size, kind, op))
+            bid = self._alloc(size, kind, op)
+            if fallbacks:
+                self.fallbacks[bid] = fallbacks
+            self._free(bid)
+            if before is not None:
+                self._move_before(before, 2)
+
+    def _move_before(self, tensor: Any, count: int) -> None:
+        """Move the last ``count`` events before the allocation of ``tensor``'s storage, if
+        that is among the op's latest events."""
+        entry = self.live.get(tensor.untyped_storage()._cdata) if tensor is not None else None
+        if entry is None or entry[0] is None:
+            return
+        moved = self.events[-count:]
+        stop = max(-1, len(self.events) - count - 8)
+        for i in range(len(self.events) - count - 1, stop, -1):
+            if self.events[i][:2] == ("alloc", entry[0]):
+                del self.events[-count:]
+                self.events[i:i] = moved
+                return
 
     def persistent(self, size: int, kind: str, op: str) -> int | None:
         """A buffer a library keeps for the rest of the run (cuBLAS workspaces)."""
@@ -592,7 +629,58 @@ class Recorder:
             entry = self.live.pop(key, None)
             self.pending.pop(key, None)
             if entry is not None and entry[0] is not None:
+                if self.accumulating is not None and self._accumulate_in_place(entry[0]):
+                    return
                 self._free(entry[0])
+
+    def gradient_sum(self, out: torch.Tensor, args: tuple[Any, ...]) -> None:
+        """``out = a + b`` in backward: maybe autograd summing two gradients of one input.
+        On the GPU its input buffer adds in place into a gradient that nothing else holds
+        (``InputBuffer::accumulate``); under a dispatch mode (fake tensors) no tensor
+        qualifies, so the sum got a new block. If an operand that is not a view (a view
+        keeps its base alive) is freed before anything else is allocated, the sum takes that
+        operand's block instead (``_accumulate_in_place``). Recorded on an H200: the example
+        CNN's residual sums ran in place; BERT's, whose gradients are views of matmul
+        outputs, did not."""
+        self.accumulating = None
+        if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]):
+            return
+        a, b = args[0], args[1]
+        if a.shape != out.shape or b.shape != out.shape or not a.dtype == b.dtype == out.dtype:
+            return
+        entry = self.live.get(out.untyped_storage()._cdata)
+        if entry is None or entry[0] is None or not self.events:
+            return
+        if self.events[-1][:2] != ("alloc", entry[0]):
+            return
+        inputs = []
+        for t in (a, b):
+            if t._is_view():  # a view keeps its base, so the buffer is not its last holder
+                continue
+            e = self.live.get(t.untyped_storage()._cdata)
+            if e is not None and e[0] is not None and e[2] == entry[2]:
+                inputs.append(e[0])
+        if inputs:
+            self.accumulating = (
+                out.untyped_storage()._cdata,
+                entry[0],
+                len(self.events) - 1,
+                inputs,
+            )
+
+    def _accumulate_in_place(self, freed: int) -> bool:
+        assert self.accumulating is not None
+        key, bid, index, inputs = self.accumulating
+        if freed not in inputs or self.events[index][:2] != ("alloc", bid):
+            return False
+        self.accumulating = None
+        entry = self.live.get(key)
+        if entry is None or entry[0] != bid:
+            return False
+        self.events[index] = ("in_place", bid, freed)  # replays skip it
+        self.allocated_bytes -= self.blocks.pop(bid).size
+        self.live[key] = (freed, entry[1], entry[2])
+        return True
 
     def adopt_built_state(self, ordered_storages: list[Any]) -> None:
         """Start recording: allocate what the build left alive, in the order a real run
@@ -1150,6 +1238,9 @@ class TracingMode(FakeTensorMode):
         recorder = self.recorder
         if isinstance(out, torch.Tensor):
             recorder.see(out, func.__name__)
+            if func is _ADD and recorder.in_backward and recorder.recording:
+                with recorder.lock:
+                    recorder.gradient_sum(out, args)
             outs = (out,)
         elif isinstance(out, (tuple, list)):
             outs = tuple(out)
@@ -1806,6 +1897,7 @@ def trace_workload(
         data_dependent=list(recorder.data_dependent.values()),
         sdpa=dict(recorder.sdpa),
         workspaces=dict(recorder.workspaces),
+        fallbacks=dict(recorder.fallbacks),
         libraries=set(recorder.libraries),
         backward_ran=any(p == "backward" for _, _, p in recorder.marks),
         seconds=time.perf_counter() - start,

@@ -151,6 +151,14 @@ class Estimator:
             return verdict.get("oom_at") is None
         return self.value(batch_size) <= limit
 
+    def at_the_edge(self, batch_size: int, limit: int | None = None) -> bool:
+        """Whether the allocator ran short at ``batch_size``: it freed its cache and retried,
+        or a kernel ran a variant with a smaller workspace."""
+        limit = self.target.usable_bytes if limit is None else limit
+        cap = limit if self.target.kind == "budget" else None
+        allocator = self.report(batch_size, cap=cap).extra.get("allocator") or {}
+        return bool(allocator.get("num_alloc_retries") or allocator.get("smaller_workspaces"))
+
 
 def largest_fitting(
     fits: Callable[[int], bool],
@@ -204,6 +212,36 @@ def largest_fitting(
     return lo
 
 
+# how far below an answer at the edge of memory to look for a batch that runs out (a share of
+# the answer, and at least / at most this many batch sizes)
+EDGE_WINDOW = (0.03, 4, 24)
+
+
+def lowest_safe(fits: Callable[[int], bool], best: int) -> int:
+    """``best`` or less: the largest b below the lowest run of batches near ``best`` that
+    run out.
+
+    Near the limit memory is not monotone in the batch size: which cuDNN variant runs and
+    when the allocator frees its cache depend on the exact sizes. Recorded on an H200 under a
+    2 GiB cap, the example CNN ran at batch 217, ran out at 218 and 219, ran again at 220 to
+    224 and ran out from 225 (``tests/data/fit_edges_h200.json``); the estimate gives the
+    same. A last, smaller batch of an epoch must fit too, so the answer is one below the
+    lowest pair of adjacent batches that run out in a window under ``best``. A single batch
+    that runs out between batches that run is within the estimate's noise (a workspace a few
+    MiB off flips it: under 6 GiB the estimate runs out at 675 alone, the GPU ran 671-693)."""
+    share, least, most = EDGE_WINDOW
+    while best > 1:
+        window = max(least, min(most, int(best * share)))
+        failing = [b for b in range(max(1, best - window), best) if not fits(b)]
+        pairs = [b for b in failing if b + 1 in failing]
+        if not pairs:
+            return best
+        best = min(pairs) - 1
+        while best > 0 and not fits(best):
+            best -= 1
+    return best
+
+
 def fit(
     workload: str,
     gpu: str | None = None,
@@ -223,17 +261,23 @@ def fit(
         raise VramscopeError(f"--max-batch-size must be 1 or more, not {max_batch_size}")
     base = get_strategy("baseline")
     est = Estimator(workload, target, base, precision, accumulate, allocator_config, progress)
-    best = largest_fitting(est.fits, est.value, est.aim(target.usable_bytes), max_batch_size)
-    best_no_margin = largest_fitting(
+    runs = largest_fitting(est.fits, est.value, est.aim(target.usable_bytes), max_batch_size)
+    best = lowest_safe(est.fits, runs) if runs and est.at_the_edge(runs) else runs
+    runs_no_margin = largest_fitting(
         lambda b: est.fits(b, target.limit_bytes),
         est.value,
         est.aim(target.limit_bytes),
         max_batch_size,
         start=max(best, 1) + 1,
     )
+    best_no_margin = runs_no_margin
+    if runs_no_margin and est.at_the_edge(runs_no_margin, target.limit_bytes):
+        best_no_margin = lowest_safe(lambda b: est.fits(b, target.limit_bytes), runs_no_margin)
     section: dict[str, Any] = {
         "max_batch_size": best,
         "max_batch_size_without_margin": best_no_margin,
+        # the largest batch the estimate runs, when a smaller one runs out (best is below that)
+        "largest_running": runs if runs != best else None,
         "target": {
             "kind": target.kind,
             "gpu": target.gpu,
@@ -294,6 +338,18 @@ def fit(
                 {},
             )
         )
+        if runs != best:
+            findings.append(
+                Finding(
+                    "fit",
+                    "warning",
+                    f"at the edge of memory: batch {runs} also runs, but batch {best + 1} "
+                    "runs out (cuDNN's choice of workspace and when the allocator frees its "
+                    f"cache depend on the exact sizes), so the answer is {best}; a last, "
+                    "smaller batch of an epoch has to fit too",
+                    {},
+                )
+            )
     if effective_batch:
         section["plans"] = _plans(est, effective_batch, best, target)
         recommended = next((p for p in section["plans"] if p["fits"]), None)
@@ -305,6 +361,7 @@ def fit(
             workload,
             target,
             seed,
+            sorted({best_no_margin + 1, runs_no_margin + 1}),
             precision,
             accumulate,
             allocator_config,
@@ -354,6 +411,7 @@ def _verify(
     spec: str,
     target: Target,
     seed: int,
+    edges: list[int],
     precision: str | None,
     accumulate: int | None,
     allocator_config: str | None,
@@ -364,9 +422,11 @@ def _verify(
 ) -> dict[str, Any]:
     """Real trials in fresh processes, starting at the estimate: exact with few trials.
 
-    After a trial that fits, its *measured* peak and the estimate's bytes per sample
-    predict where the limit is crossed, so an estimate a few percent off still needs
-    only about three trials. Under a budget the capped allocator holds reserved near the
+    ``edges`` are the batch sizes where the estimate runs out first (just above its answer,
+    and above the largest batch it runs): tried first, they settle an exact estimate in two
+    trials (``_at_the_edges``). Otherwise, after a trial that fits, its *measured* peak and
+    the estimate's bytes per sample predict where the limit is crossed, so an estimate a
+    few percent off still needs only a few trials. Under a budget the capped allocator holds reserved near the
     cap, so the prediction follows allocated memory instead, towards ``aim_bytes``: real
     runs under a cap ran out with allocated at 97.4-99.1% of it (example CNN, H200).
     """
@@ -432,7 +492,10 @@ def _verify(
 
     answer: int | None
     try:
-        answer = _search_from(fits, seed, cap, predict)
+        answer = _at_the_edges(fits, edges, cap)
+        if answer is None:
+            ran = [t.batch_size for t in trials if t.fits]
+            answer = _search_from(fits, max(ran) if ran else seed, cap, predict)
     except _Crashed as exc:
         answer = None
         crash = exc.result
@@ -446,6 +509,19 @@ def _verify(
         "trials": [_trial_row(t) for t in trials],
         "real_trials": len(trials),
     }
+
+
+def _at_the_edges(fits: Callable[[int], bool], edges: list[int], cap: int) -> int | None:
+    """Try the batches where the estimate runs out first, lowest first: where one does and
+    the batch below it runs, that is the answer (two trials when the estimate is right). One
+    that runs refutes that edge; the next is tried. None: the estimate missed every edge."""
+    for edge in edges:
+        if edge < 2 or edge - 1 > cap:
+            continue
+        if edge <= cap and fits(edge):
+            continue
+        return edge - 1 if fits(edge - 1) else None
+    return None
 
 
 class _Crashed(Exception):

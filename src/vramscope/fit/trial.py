@@ -44,8 +44,10 @@ def run_trial(
     budget_bytes: int | None = None,
     steps: int = 3,
     timeout_s: float = 900,
+    history: str | Path | None = None,
 ) -> TrialResult:
-    """Measure ``steps`` steps of ``spec`` at ``batch_size`` in a fresh Python process."""
+    """Measure ``steps`` steps of ``spec`` at ``batch_size`` in a fresh Python process;
+    ``history``: a file for the allocator's trace of the trial."""
     with tempfile.TemporaryDirectory(prefix="vramscope-trial-") as tmp:
         out = Path(tmp) / "report.json"
         args = [sys.executable, "-m", "vramscope.fit.trial", spec, str(batch_size), str(out)]
@@ -58,6 +60,8 @@ def run_trial(
             args += ["--allocator-config", allocator_config]
         if budget_bytes:
             args += ["--budget-bytes", str(budget_bytes)]
+        if history:
+            args += ["--history", str(history)]
         try:
             proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -93,6 +97,9 @@ def _child(argv: list[str] | None = None) -> int:
     parser.add_argument("--accumulate", type=int)
     parser.add_argument("--allocator-config")
     parser.add_argument("--budget-bytes", type=int)
+    parser.add_argument(
+        "--history", help="also write the allocator's trace (gzip JSON rows) to this file"
+    )
     a = parser.parse_args(argv)
 
     from vramscope.fit.strategies import get_strategy
@@ -110,6 +117,8 @@ def _child(argv: list[str] | None = None) -> int:
     if a.budget_bytes and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, a.budget_bytes / total))
+    if a.history and torch.cuda.is_available():
+        torch.cuda.memory._record_memory_history(context=None, max_entries=2_000_000)
     spec = resolve(a.spec)
     builder = strategy.wrap(spec.builder)
     report = measure(
@@ -123,7 +132,23 @@ def _child(argv: list[str] | None = None) -> int:
     report.workload["spec"] = a.spec
     report.workload["strategy"] = strategy.name
     report.save(a.out)
+    if a.history and torch.cuda.is_available():
+        _write_history(a.history)
     return 0
+
+
+def _write_history(path: str) -> None:
+    """The allocator's trace of this trial as ``[action, addr, size, stream]`` rows (the
+    input of ``vramscope.estimate.allocator.events_from_device_trace``)."""
+    import gzip
+
+    import torch
+
+    trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    rows = [[e["action"], e.get("addr", 0), e.get("size", 0), e.get("stream", 0)] for e in trace]
+    with gzip.open(path, "wt") as f:
+        json.dump({"schema": "vramscope.alloc_trace/1", "trace": rows}, f)
 
 
 if __name__ == "__main__":
