@@ -34,6 +34,7 @@ CASES = [
     ("cnn-fp32", "example:cnn", "32-true", (2, 6)),
     ("gpt2-seq1024-bf16", "hf:gpt2/seq=1024", "bf16-mixed", (12, 24)),
     ("gpt2-seq1024-ckpt-bf16", "hf:gpt2/seq=1024/ckpt", "bf16-mixed", (6, 12)),
+    ("resnet18-sgd-fp32", "torchvision:resnet18@sgd", "32-true", (4, 10)),
 ]
 
 
@@ -134,6 +135,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--skip-compare", action="store_true")
+    parser.add_argument("--only", nargs="*", help="workload names of CASES to run")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -142,6 +144,8 @@ def main() -> None:
     jobs = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         for name, spec, precision, budgets in CASES:
+            if args.only and name not in args.only:
+                continue
             for gib in budgets:
                 jobs.append(
                     (

@@ -99,17 +99,21 @@ def test_the_answer_stays_below_two_batches_that_run_out():
 def test_verify_confirms_an_exact_estimate_in_two_trials():
     calls: list[int] = []
     assert _at_the_edges(_runs(2, calls), [218, 225], 2048) == 217
-    assert calls == [218, 217]
+    assert calls == [217, 218]
     calls = []
     assert _at_the_edges(_runs(6, calls), [694], 2048) == 693
-    assert calls == [694, 693]
+    assert calls == [693, 694]
 
 
 def test_verify_moves_past_an_edge_the_gpu_refutes():
-    """The estimate put an edge at 675 that the GPU ran; the next edge is the answer."""
+    """Had the estimate put an edge at 675 (the GPU ran it), the next edge is the answer; an
+    estimate one too high leaves the search to look below."""
     calls: list[int] = []
     assert _at_the_edges(_runs(6, calls), [675, 694], 2048) == 693
-    assert calls == [675, 694, 693]
+    assert calls == [674, 675, 693, 694]
+    calls = []
+    assert _at_the_edges(_runs(2, calls), [219], 2048) is None
+    assert calls == [218]
 
 
 @pytest.mark.parametrize("strategy", ["bf16-mixed", "checkpointing"])

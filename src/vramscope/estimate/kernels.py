@@ -38,8 +38,10 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   such an input takes input and output (bf16/fp16 pad the channels to 8). A float32 forward
   convolution that widens at most 64 input channels (ResNet-18's and the example CNN's
   downsampling 3x3 convolutions, VGG-16's 64 to 128) writes its output directly: input and
-  weight only. It is a rule of the engines' shape, not a fit: individual engines may take one
-  operand less. When a workspace does not fit (under a memory cap), cuDNN tries its other
+  weight only; a 1x1 weight needs no transpose (its NCHW and NHWC layouts are the same), and
+  a strided float32 1x1 over 56x56 positions or more reads only the input (ResNet-18/50's
+  first downsampling: none with 64 channels). It is a rule of the engines' shape, not a fit:
+  individual engines may take one operand less. When a workspace does not fit (under a memory cap), cuDNN tries its other
   engines: recorded, a forward then took input and weight only, a weight gradient its
   transposes without the split-K partials, and otherwise an engine without a workspace ran.
   The replay tries those sizes in that order (``Trace.fallbacks``) instead of failing.
@@ -559,6 +561,12 @@ def _transform_operands(
         and int(w.shape[0]) >= 2 * channels
     ):
         return _storage_bytes(x) + _storage_bytes(w)
+    if kh == kw == 1:  # a 1x1 weight is laid out alike in NCHW and NHWC: nothing to transpose
+        if forward and x.dtype == torch.float32 and int(x.shape[2]) * int(x.shape[3]) >= 56 * 56:
+            # a strided float32 1x1 over a large image (ResNet-18/50's first downsampling,
+            # recorded): its engine reads the input transposed and writes the output directly
+            return 0 if channels <= 64 else _storage_bytes(x) + _storage_bytes(w)
+        return _storage_bytes(x) + _storage_bytes(out)
     return _storage_bytes(x) + _storage_bytes(out) + _storage_bytes(w)
 
 

@@ -423,8 +423,8 @@ def _verify(
     """Real trials in fresh processes, starting at the estimate: exact with few trials.
 
     ``edges`` are the batch sizes where the estimate runs out first (just above its answer,
-    and above the largest batch it runs): tried first, they settle an exact estimate in two
-    trials (``_at_the_edges``). Otherwise, after a trial that fits, its *measured* peak and
+    and above the largest batch it runs): tried first with the batch below each, they settle
+    an exact estimate in two trials (``_at_the_edges``). Otherwise, after a trial that fits, its *measured* peak and
     the estimate's bytes per sample predict where the limit is crossed, so an estimate a
     few percent off still needs only a few trials. Under a budget the capped allocator holds reserved near the
     cap, so the prediction follows allocated memory instead, towards ``aim_bytes``: real
@@ -512,15 +512,18 @@ def _verify(
 
 
 def _at_the_edges(fits: Callable[[int], bool], edges: list[int], cap: int) -> int | None:
-    """Try the batches where the estimate runs out first, lowest first: where one does and
-    the batch below it runs, that is the answer (two trials when the estimate is right). One
-    that runs refutes that edge; the next is tried. None: the estimate missed every edge."""
+    """Try the estimate's edges, lowest first: the batch below the edge, then the edge (where
+    the estimate runs out). The first runs and the edge runs out: that is the answer, two
+    trials when the estimate is right. An edge that runs refutes it and the next is tried.
+    None when the batch below an edge runs out (the estimate was high: search below) or the
+    estimate missed every edge (search above)."""
     for edge in edges:
         if edge < 2 or edge - 1 > cap:
             continue
-        if edge <= cap and fits(edge):
-            continue
-        return edge - 1 if fits(edge - 1) else None
+        if not fits(edge - 1):
+            return None
+        if edge > cap or not fits(edge):
+            return edge - 1
     return None
 
 
