@@ -156,7 +156,8 @@ def test_the_first_screen_is_drawn_first_then_the_rest(browser, gpt_page):
     drawn = {k: v for k, v in opened.items() if k.startswith("chart-")}
     assert min(drawn, key=drawn.get) == "chart-timeline"
     assert opened["chart-timeline"] <= opened["first"] < opened["chart-steps"]
-    assert opened["plotted"] == max(drawn.values())
+    # "plotted" is taken when the last chart is drawn (the browser's clock is coarsened)
+    assert abs(opened["plotted"] - max(drawn.values())) <= 1.0
     # opened at the steps: that chart is on screen, so it is drawn with the first screen
     at_steps = open_report(browser, gpt_page, fragment="#steps")
     assert at_steps["chart-steps"] <= at_steps["first"] < at_steps["chart-categories"]
