@@ -40,14 +40,25 @@ def render_fit(section: dict[str, Any]) -> Group:
                 )
             else:
                 text.append(f"\nVerify: {verify.get('error')}", style="red")
+        if section.get("largest_running"):
+            text.append(
+                f"\nAt the edge of memory: batch {section['largest_running']} also runs in the "
+                f"estimate, but batch {section['max_batch_size'] + 1} runs out",
+                style="yellow",
+            )
         parts.append(text)
         curve = section.get("curve") or []
         if curve:
             t = Table(box=box.SIMPLE_HEAD, title="Estimated memory by batch size")
-            for col in ("batch", "allocated", "reserved", "device used"):
+            for col in ("batch", "allocated", "reserved", "device used", "fits"):
                 t.add_column(col, justify="right")
             for point in curve:
-                t.add_row(str(point["batch_size"]), *_peak_cells(point["peak"]))
+                fits = point.get("fits")
+                t.add_row(
+                    str(point["batch_size"]),
+                    *_peak_cells(point["peak"]),
+                    "" if fits is None else "yes" if fits else "no",
+                )
             parts.append(t)
     plans = section.get("plans")
     if plans:
