@@ -232,11 +232,18 @@ def lowest_safe(fits: Callable[[int], bool], best: int) -> int:
     share, least, most = EDGE_WINDOW
     while best > 1:
         window = max(least, min(most, int(best * share)))
-        failing = [b for b in range(max(1, best - window), best) if not fits(b)]
-        pairs = [b for b in failing if b + 1 in failing]
-        if not pairs:
+        lowest = None  # the lower batch of the lowest pair that runs out
+        # every other batch size: any two adjacent ones include one of them
+        for b in range(best - 1, max(1, best - window) - 1, -2):
+            if fits(b):
+                continue
+            if b > 1 and not fits(b - 1):
+                lowest = b - 1
+            elif b + 1 < best and not fits(b + 1):
+                lowest = b
+        if lowest is None:
             return best
-        best = min(pairs) - 1
+        best = lowest - 1
         while best > 0 and not fits(best):
             best -= 1
     return best
