@@ -125,3 +125,35 @@ def test_silu_backward_runs_as_one_kernel_on_the_emulated_gpu():
     ops = {b.op for b in trace.blocks.values()}
     assert "silu_backward.default" in ops
     assert "sigmoid.default" not in ops
+
+
+def test_reduction_staging_buffers_follow_reduce_config():
+    """Every recorded CUDA sum: what it allocated besides its output (the float32 staging
+    buffer and semaphores of a reduction split over several blocks) is what the model of
+    ``setReduceConfig`` gives for the H200's 132 SMs -- ViT-B/16's bias gradients included."""
+    from vramscope.estimate.profiles import get_profile
+
+    h200 = get_profile("h200")
+    checked = staged = 0
+    for name in TRACES:
+        doc = load(name)
+        actions = doc["actions"]
+        allocs: dict[int, list[int]] = {}
+        for a, _, size, _, op in doc["trace"]:
+            if actions[a] == "alloc" and op >= 0:
+                allocs.setdefault(op, []).append(size)
+        for index, op_name, _, args in doc["ops"]:
+            if op_name != "sum" or not args or not isinstance(args[0], dict):
+                continue
+            if index not in allocs:
+                continue
+            x = _meta(args[0])
+            # the ops' dims are not recorded: a 2-D sum is the bias gradient's sum over dim 0
+            if x.dim() != 2:
+                continue
+            extra = allocs[index][1:]
+            staging, semaphores = kernels._reduce_staging_bytes(h200, x, [0])
+            assert extra == ([staging, semaphores] if staging else []), (name, args[0])
+            checked += 1
+            staged += bool(staging)
+    assert checked >= 3 and staged >= 3

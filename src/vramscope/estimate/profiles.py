@@ -35,6 +35,10 @@ class GpuProfile:
     inference_delta_bytes: int = -66 * MiB
     cudnn_bytes: int = 10 * MiB
     cudnn_backward_bytes: int = 6 * MiB
+    # streaming multiprocessors and threads each can hold: CUDA reductions size their grid,
+    # and so their float32 staging buffers, by them
+    multiprocessors: int = 132
+    threads_per_multiprocessor: int = 2048
 
     def context_bytes(
         self, training: bool = True, cudnn: bool = False, cudnn_backward: bool = False
@@ -116,6 +120,8 @@ PROFILES: tuple[GpuProfile, ...] = (
         (9, 0),
         H200_CONTEXT,
         calibrated=True,
+        multiprocessors=132,
+        threads_per_multiprocessor=2048,
         note="calibrated: torch 2.11.0+cu130, driver 580.159.04, measured 2026-11-29",
         aliases=("h200-141gb", "h200-sxm"),
     ),
@@ -125,6 +131,8 @@ PROFILES: tuple[GpuProfile, ...] = (
         81_559 * MiB,
         (9, 0),
         H200_CONTEXT,
+        multiprocessors=132,
+        threads_per_multiprocessor=2048,
         note=_GUESS + " (same architecture as the H200: the same context assumed)",
         aliases=("h100", "h100-sxm", "h100-pcie", "h100-sxm5"),
     ),
@@ -134,6 +142,8 @@ PROFILES: tuple[GpuProfile, ...] = (
         81_920 * MiB,
         (8, 0),
         600 * MiB,
+        multiprocessors=108,
+        threads_per_multiprocessor=2048,
         note=_GUESS,
         aliases=("a100", "a100-sxm4-80gb", "a100-pcie-80gb"),
     ),
@@ -143,20 +153,50 @@ PROFILES: tuple[GpuProfile, ...] = (
         40_960 * MiB,
         (8, 0),
         600 * MiB,
+        multiprocessors=108,
+        threads_per_multiprocessor=2048,
         note=_GUESS,
         aliases=("a100-sxm4-40gb", "a100-pcie-40gb"),
     ),
     GpuProfile(
-        "l40s", "NVIDIA L40S", 46_068 * MiB, (8, 9), 520 * MiB, note=_GUESS, aliases=("l40",)
+        "l40s",
+        "NVIDIA L40S",
+        46_068 * MiB,
+        (8, 9),
+        520 * MiB,
+        multiprocessors=142,
+        threads_per_multiprocessor=1536,
+        note=_GUESS,
+        aliases=("l40",),
     ),
-    GpuProfile("a10g", "NVIDIA A10G", 23_028 * MiB, (8, 6), 480 * MiB, note=_GUESS),
-    GpuProfile("l4", "NVIDIA L4", 23_034 * MiB, (8, 9), 480 * MiB, note=_GUESS),
+    GpuProfile(
+        "a10g",
+        "NVIDIA A10G",
+        23_028 * MiB,
+        (8, 6),
+        480 * MiB,
+        multiprocessors=80,
+        threads_per_multiprocessor=1536,
+        note=_GUESS,
+    ),
+    GpuProfile(
+        "l4",
+        "NVIDIA L4",
+        23_034 * MiB,
+        (8, 9),
+        480 * MiB,
+        multiprocessors=58,
+        threads_per_multiprocessor=1536,
+        note=_GUESS,
+    ),
     GpuProfile(
         "rtx4090",
         "NVIDIA GeForce RTX 4090",
         24_564 * MiB,
         (8, 9),
         480 * MiB,
+        multiprocessors=128,
+        threads_per_multiprocessor=1536,
         note=_GUESS,
         aliases=("4090", "rtx-4090"),
     ),
@@ -166,6 +206,8 @@ PROFILES: tuple[GpuProfile, ...] = (
         24_576 * MiB,
         (8, 6),
         480 * MiB,
+        multiprocessors=82,
+        threads_per_multiprocessor=1536,
         note=_GUESS,
         aliases=("3090", "rtx-3090"),
     ),
@@ -175,10 +217,21 @@ PROFILES: tuple[GpuProfile, ...] = (
         32_768 * MiB,
         (7, 0),
         420 * MiB,
+        multiprocessors=80,
+        threads_per_multiprocessor=2048,
         note=_GUESS,
         aliases=("v100", "v100-sxm2-32gb"),
     ),
-    GpuProfile("t4", "Tesla T4", 15_360 * MiB, (7, 5), 380 * MiB, note=_GUESS),
+    GpuProfile(
+        "t4",
+        "Tesla T4",
+        15_360 * MiB,
+        (7, 5),
+        380 * MiB,
+        multiprocessors=40,
+        threads_per_multiprocessor=1024,
+        note=_GUESS,
+    ),
 )
 
 _BY_NAME = {name: p for p in PROFILES for name in (p.name, *p.aliases)}
