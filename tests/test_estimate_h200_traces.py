@@ -157,3 +157,48 @@ def test_reduction_staging_buffers_follow_reduce_config():
             checked += 1
             staged += bool(staging)
     assert checked >= 3 and staged >= 3
+
+
+class _TwoPaths(torch.nn.Module):
+    """``a(x) + b(x)``: autograd sums the two gradients of ``x``."""
+
+    def __init__(self, a: torch.nn.Module, b: torch.nn.Module) -> None:
+        super().__init__()
+        self.a, self.b = a, b
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b(x)
+
+
+@pytest.mark.parametrize(
+    "shape, layer, in_place",
+    [
+        # a residual convolution: its input gradient is a fresh tensor, and the GPU summed
+        # into it in place (recorded: the example CNN)
+        ((8, 16, 12, 12), lambda: torch.nn.Conv2d(16, 16, 3, padding=1), True),
+        # two linear layers over 3-D input: each input gradient is a view of a matmul, whose
+        # base keeps the storage (recorded: BERT's were summed out of place)
+        ((8, 12, 16), lambda: torch.nn.Linear(16, 16), False),
+    ],
+)
+def test_gradients_are_summed_in_place_unless_both_are_views(shape, layer, in_place):
+    import vramscope
+    from vramscope.estimate import trace as tracing
+    from vramscope.estimate.profiles import get_profile
+    from vramscope.workload import resolve
+
+    def build(batch_size: int, device: torch.device) -> vramscope.Workload:
+        second = torch.nn.Identity() if in_place else layer()
+        m = _TwoPaths(layer(), second).to(device)
+        first = torch.nn.Parameter(torch.ones(shape[1:], device=device))
+        return vramscope.Workload(
+            model=m,
+            optimizer=torch.optim.SGD([*m.parameters(), first]),
+            batch=lambda: torch.randn(batch_size, *shape[1:], device=device),
+            loss=lambda model, x: model(x * first).square().sum(),
+        )
+
+    trace = tracing.trace_workload(resolve(build), shape[0], get_profile("h200"), steps=1)
+    sums = [b for b in trace.blocks.values() if b.op == "add.Tensor" and b.phase == "backward"]
+    assert any(e[0] == "in_place" for e in trace.events) == in_place
+    assert bool(sums) != in_place
