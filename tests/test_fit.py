@@ -170,6 +170,18 @@ def test_bad_input_one_line_exit_2(args, needle):
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
 
 
+def test_fit_cli_says_what_a_too_small_budget_would_need():
+    proc = subprocess.run(
+        [sys.executable, "-m", "vramscope", "fit", "example:gpt", "--budget", "16MiB"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "does not fit even at batch size 1: it needs" in out
+    assert "parameters alone" in out and "closest strategy" in out
+
+
 def test_fit_cli_writes_the_fit_section(tmp_path):
     out = tmp_path / "fit.json"
     proc = subprocess.run(

@@ -68,4 +68,4 @@ def command(
     )
     emit(report, json_path, html_path, trace_path, csv_path, quiet=True)
     if not quiet:
-        Console().print(render_fit(report.extra["fit"]))
+        Console().print(render_fit(report.extra["fit"], report.findings))

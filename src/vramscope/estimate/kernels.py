@@ -45,10 +45,11 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   weight only; a 1x1 weight needs no transpose (its NCHW and NHWC layouts are the same), and
   a strided float32 1x1 over 56x56 positions or more reads only the input (ResNet-18/50's
   first downsampling: none with 64 channels). It is a rule of the engines' shape, not a fit:
-  individual engines may take one operand less. When a workspace does not fit (under a memory cap), cuDNN tries its other
-  engines: recorded, a forward then took input and weight only, a weight gradient its
-  transposes without the split-K partials, and otherwise an engine without a workspace ran.
-  The replay tries those sizes in that order (``Trace.fallbacks``) instead of failing.
+  individual engines may take one operand less. When a workspace does not fit (under a
+  memory cap), cuDNN tries its other engines: recorded, a forward then took input and weight
+  only, a weight gradient its transposes with 3 split-K slices instead of 14, and otherwise
+  an engine without a workspace ran; torch caches the engine that ran. The replay tries
+  those sizes in that order and keeps the choice (``Trace.fallbacks``) instead of failing.
 
 Everything here is a global rule from those sources; nothing is fitted to a workload.
 """
@@ -548,8 +549,7 @@ def _reduce_staging_bytes(profile: GpuProfile, x: Any, dims: Any) -> tuple[int, 
     width = min(p0, 32)
     height = min(p1, max_threads // width)
     width = min(p0, max_threads // height)
-    values = inputs
-    if not (values >= height * 16 or values >= 256):
+    if inputs < min(height * 16, 256):  # too few to split over warps: one thread per output
         return 0, 0
     values = -(-inputs // height)
     grid = -(-dim0 // width)
@@ -579,9 +579,8 @@ def _conv_transform_bytes(
 ) -> int:
     """The workspace of a cuDNN 2-D convolution whose engine transposes NCHW to NHWC: the
     input, the output and the weight, each rounded as the allocator rounds (see the module
-    docstring for the cases without one). A 1x1 stride-1 convolution over ``gemm_from``
-    positions or more runs as a GEMM, without; a float32 ``forward`` that widens at most 64
-    channels (a kernel larger than 1x1) transposes no output."""
+    docstring for the cases without one and those that skip an operand). A 1x1 stride-1
+    convolution over ``gemm_from`` positions or more runs as a GEMM, without."""
     if transposed or groups != 1 or x.dim() != 4 or not isinstance(out, torch.Tensor):
         return 0
     if not x.is_contiguous():
@@ -608,6 +607,7 @@ _CUDNN_SLACK = 147
 def _transform_operands(
     x: Any, w: Any, out: Any, kh: int, kw: int, channels: int, forward: bool
 ) -> int:
+    """Which of input, output and weight the engine transposes (see the module docstring)."""
     if (
         forward
         and x.dtype == torch.float32

@@ -35,10 +35,9 @@ class GpuProfile:
     inference_delta_bytes: int = -66 * MiB
     cudnn_bytes: int = 10 * MiB
     cudnn_backward_bytes: int = 6 * MiB
-    # streaming multiprocessors and threads each can hold: CUDA reductions size their grid,
-    # and so their float32 staging buffers, by them
+    # streaming multiprocessors: CUDA reductions size their grid, and so their float32
+    # staging buffers, by them and the threads each can hold
     multiprocessors: int = 132
-    threads_per_multiprocessor: int = 2048
 
     def context_bytes(
         self, training: bool = True, cudnn: bool = False, cudnn_backward: bool = False
@@ -60,6 +59,12 @@ class GpuProfile:
     @property
     def sm(self) -> int:
         return self.capability[0] * 10 + self.capability[1]
+
+    @property
+    def threads_per_multiprocessor(self) -> int:
+        """Resident threads per SM (CUDA's compute-capability tables): 1024 on sm75, 1536
+        on sm86/sm89, 2048 on sm70, sm80 and sm90."""
+        return {75: 1024, 86: 1536, 87: 1536, 89: 1536}.get(self.sm, 2048)
 
     @property
     def supports_bf16(self) -> bool:
@@ -121,7 +126,6 @@ PROFILES: tuple[GpuProfile, ...] = (
         H200_CONTEXT,
         calibrated=True,
         multiprocessors=132,
-        threads_per_multiprocessor=2048,
         note="calibrated: torch 2.11.0+cu130, driver 580.159.04, measured 2026-11-29",
         aliases=("h200-141gb", "h200-sxm"),
     ),
@@ -132,7 +136,6 @@ PROFILES: tuple[GpuProfile, ...] = (
         (9, 0),
         H200_CONTEXT,
         multiprocessors=132,
-        threads_per_multiprocessor=2048,
         note=_GUESS + " (same architecture as the H200: the same context assumed)",
         aliases=("h100", "h100-sxm", "h100-pcie", "h100-sxm5"),
     ),
@@ -143,7 +146,6 @@ PROFILES: tuple[GpuProfile, ...] = (
         (8, 0),
         600 * MiB,
         multiprocessors=108,
-        threads_per_multiprocessor=2048,
         note=_GUESS,
         aliases=("a100", "a100-sxm4-80gb", "a100-pcie-80gb"),
     ),
@@ -154,7 +156,6 @@ PROFILES: tuple[GpuProfile, ...] = (
         (8, 0),
         600 * MiB,
         multiprocessors=108,
-        threads_per_multiprocessor=2048,
         note=_GUESS,
         aliases=("a100-sxm4-40gb", "a100-pcie-40gb"),
     ),
@@ -165,7 +166,6 @@ PROFILES: tuple[GpuProfile, ...] = (
         (8, 9),
         520 * MiB,
         multiprocessors=142,
-        threads_per_multiprocessor=1536,
         note=_GUESS,
         aliases=("l40",),
     ),
@@ -176,19 +176,9 @@ PROFILES: tuple[GpuProfile, ...] = (
         (8, 6),
         480 * MiB,
         multiprocessors=80,
-        threads_per_multiprocessor=1536,
         note=_GUESS,
     ),
-    GpuProfile(
-        "l4",
-        "NVIDIA L4",
-        23_034 * MiB,
-        (8, 9),
-        480 * MiB,
-        multiprocessors=58,
-        threads_per_multiprocessor=1536,
-        note=_GUESS,
-    ),
+    GpuProfile("l4", "NVIDIA L4", 23_034 * MiB, (8, 9), 480 * MiB, multiprocessors=58, note=_GUESS),
     GpuProfile(
         "rtx4090",
         "NVIDIA GeForce RTX 4090",
@@ -196,7 +186,6 @@ PROFILES: tuple[GpuProfile, ...] = (
         (8, 9),
         480 * MiB,
         multiprocessors=128,
-        threads_per_multiprocessor=1536,
         note=_GUESS,
         aliases=("4090", "rtx-4090"),
     ),
@@ -207,7 +196,6 @@ PROFILES: tuple[GpuProfile, ...] = (
         (8, 6),
         480 * MiB,
         multiprocessors=82,
-        threads_per_multiprocessor=1536,
         note=_GUESS,
         aliases=("3090", "rtx-3090"),
     ),
@@ -218,20 +206,10 @@ PROFILES: tuple[GpuProfile, ...] = (
         (7, 0),
         420 * MiB,
         multiprocessors=80,
-        threads_per_multiprocessor=2048,
         note=_GUESS,
         aliases=("v100", "v100-sxm2-32gb"),
     ),
-    GpuProfile(
-        "t4",
-        "Tesla T4",
-        15_360 * MiB,
-        (7, 5),
-        380 * MiB,
-        multiprocessors=40,
-        threads_per_multiprocessor=1024,
-        note=_GUESS,
-    ),
+    GpuProfile("t4", "Tesla T4", 15_360 * MiB, (7, 5), 380 * MiB, multiprocessors=40, note=_GUESS),
 )
 
 _BY_NAME = {name: p for p in PROFILES for name in (p.name, *p.aliases)}

@@ -568,19 +568,18 @@ class Recorder:
                 self.fallbacks[bid] = fallbacks
             self._free(bid)
             if before is not None:
-                self._move_before(before, 2)
+                self._move_before(before)
 
-    def _move_before(self, tensor: Any, count: int) -> None:
-        """Move the last ``count`` events before the allocation of ``tensor``'s storage, if
-        that is among the op's latest events."""
-        entry = self.live.get(tensor.untyped_storage()._cdata) if tensor is not None else None
+    def _move_before(self, tensor: Any) -> None:
+        """Move the last two events (a transient's allocation and free) before the
+        allocation of ``tensor``'s storage, if that is among the op's latest events."""
+        entry = self.live.get(tensor.untyped_storage()._cdata)
         if entry is None or entry[0] is None:
             return
-        moved = self.events[-count:]
-        stop = max(-1, len(self.events) - count - 8)
-        for i in range(len(self.events) - count - 1, stop, -1):
+        moved = self.events[-2:]
+        for i in range(len(self.events) - 3, max(-1, len(self.events) - 10), -1):
             if self.events[i][:2] == ("alloc", entry[0]):
-                del self.events[-count:]
+                del self.events[-2:]
                 self.events[i:i] = moved
                 return
 

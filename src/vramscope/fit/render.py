@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich import box
@@ -9,6 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from vramscope.report.model import Finding
 from vramscope.units import format_bytes as b
 
 
@@ -20,8 +22,14 @@ def _peak_cells(peak: dict[str, Any]) -> list[str]:
     ]
 
 
-def render_fit(section: dict[str, Any]) -> Group:
+def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Group:
+    """The fit section as tables; ``findings``: the report's, of which the fit warnings and
+    errors (what a budget would need, the closest strategy, the edge of memory) are shown."""
     parts: list[Any] = []
+    for f in findings:
+        if f.kind == "fit" and f.severity in ("warning", "error"):
+            style = "red" if f.severity == "error" else "yellow"
+            parts.append(Text(f"{f.severity}: {f.message}", style=style))
     target = section.get("target", {})
     if "max_batch_size" in section:
         text = Text()
@@ -40,12 +48,6 @@ def render_fit(section: dict[str, Any]) -> Group:
                 )
             else:
                 text.append(f"\nVerify: {verify.get('error')}", style="red")
-        if section.get("largest_running"):
-            text.append(
-                f"\nAt the edge of memory: batch {section['largest_running']} also runs in the "
-                f"estimate, but batch {section['max_batch_size'] + 1} runs out",
-                style="yellow",
-            )
         parts.append(text)
         curve = section.get("curve") or []
         if curve:

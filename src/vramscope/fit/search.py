@@ -431,11 +431,12 @@ def _verify(
 
     ``edges`` are the batch sizes where the estimate runs out first (just above its answer,
     and above the largest batch it runs): tried first with the batch below each, they settle
-    an exact estimate in two trials (``_at_the_edges``). Otherwise, after a trial that fits, its *measured* peak and
-    the estimate's bytes per sample predict where the limit is crossed, so an estimate a
-    few percent off still needs only a few trials. Under a budget the capped allocator holds reserved near the
-    cap, so the prediction follows allocated memory instead, towards ``aim_bytes``: real
-    runs under a cap ran out with allocated at 97.4-99.1% of it (example CNN, H200).
+    an exact estimate in two trials (``_at_the_edges``). Otherwise, after a trial that fits,
+    its *measured* peak and the estimate's bytes per sample predict where the limit is
+    crossed, so an estimate a few percent off still needs only a few trials. Under a budget
+    the capped allocator holds reserved near the cap, so the prediction follows allocated
+    memory instead, towards ``aim_bytes``: real runs under a cap ran out with allocated at
+    97.4-99.1% of it (example CNN, H200).
     """
     import torch
 
