@@ -66,7 +66,7 @@ from torch.overrides import TorchFunctionMode
 
 if TYPE_CHECKING:
     from vramscope.estimate.profiles import GpuProfile
-    from vramscope.estimate.trace import Recorder
+    from vramscope.estimate.recorder import Recorder
 
 aten = torch.ops.aten
 MATH, FLASH, EFFICIENT, CUDNN = 0, 1, 2, 3

@@ -1,0 +1,147 @@
+"""What the workload's objects hold on the emulated device: parameters, buffers, gradients and
+optimizer state, found from the model and optimizer themselves and labelled in the trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from vramscope.errors import WorkloadError
+from vramscope.estimate.recorder import Recorder
+from vramscope.tracking.categories import tensors_in as _tensors_in
+from vramscope.workload import Workload
+
+
+def _apply_order(module: torch.nn.Module) -> Iterator[tuple[torch.Tensor, str]]:
+    """Parameters and buffers in the order ``Module._apply`` (``.to(device)``) visits them."""
+    for child in module.children():
+        yield from _apply_order(child)
+    for p in module._parameters.values():
+        if p is not None:
+            yield p, "parameter"
+    for b in module._buffers.values():
+        if b is not None:
+            yield b, "buffer"
+
+
+def _storage(t: torch.Tensor) -> Any | None:
+    if isinstance(t, FakeTensor) and t.fake_device.type == "cuda":
+        return t.untyped_storage()
+    return None
+
+
+def _check_device(workload: Workload, spec: str) -> None:
+    """The model must be on the device build() was given; say so when it is not."""
+    for name, p in list(workload.model.named_parameters())[:1000]:
+        device = p.fake_device if isinstance(p, FakeTensor) else p.device
+        if device.type != "cuda" or (device.index or 0) != 0:
+            raise WorkloadError(
+                f"{spec} built its model on {device} (parameter {name}), ignoring the "
+                "device passed to build(); move it with model.to(device) so it can be estimated"
+            )
+
+
+def _force_foreach(optimizer: torch.optim.Optimizer | None) -> list[str]:
+    """On CUDA, torch's optimizers pick the foreach implementation by default; fake tensors
+    are not of the types that default checks, so ask for it explicitly."""
+    changed: list[str] = []
+    if optimizer is None or "foreach" not in optimizer.defaults:
+        return changed
+    for group in optimizer.param_groups:
+        if (
+            group.get("foreach") is None
+            and not group.get("fused")
+            and not group.get("differentiable")
+        ):
+            group["foreach"] = True
+            changed.append(type(optimizer).__name__)
+    if optimizer.defaults.get("foreach") is None and changed:
+        optimizer.defaults["foreach"] = True
+    return changed
+
+
+def _built_state(workload: Workload) -> list[tuple[Any, str]]:
+    """Storages of the model (in ``.to(device)`` order) and of any optimizer state.
+
+    A function of its own so that no loop variable keeps a storage alive afterwards."""
+    ordered: list[tuple[Any, str]] = []
+    for t, kind in _apply_order(workload.model):
+        st = _storage(t)
+        if st is not None:
+            ordered.append((st, kind))
+    if workload.optimizer is not None:
+        for state in workload.optimizer.state.values():
+            for t in _tensors_in(state):
+                st = _storage(t)
+                if st is not None:
+                    ordered.append((st, "optimizer_state"))
+    return ordered
+
+
+def _label_persistent(recorder: Recorder, workload: Workload) -> None:
+    """Parameters, buffers, gradients and optimizer state are what the objects hold now
+    (called after set-up, when backward ends and when the optimizer step ends)."""
+    for t in workload.model.parameters():
+        st = _storage(t)
+        if st is not None:
+            recorder.retag(st, "parameter")
+    for t in workload.model.buffers():
+        st = _storage(t)
+        if st is not None:
+            recorder.retag(st, "buffer")
+    for p in workload.model.parameters():
+        if p.grad is not None:
+            st = _storage(p.grad)
+            if st is not None:
+                recorder.retag(st, "gradient")
+    if workload.optimizer is not None:
+        for state in workload.optimizer.state.values():
+            for t in _tensors_in(state):
+                st = _storage(t)
+                if st is not None:
+                    recorder.retag(st, "optimizer_state")
+
+
+def _module_table(
+    recorder: Recorder, workload: Workload, names: dict[int, str]
+) -> list[dict[str, Any]]:
+    """Parameters, gradients and optimizer state each module owns (its own tensors)."""
+    rows: dict[str, dict[str, Any]] = {}
+    opt_state: dict[int, int] = {}
+    if workload.optimizer is not None:
+        for p, state in workload.optimizer.state.items():
+            opt_state[id(p)] = sum(
+                _block(t.untyped_storage().nbytes())
+                for t in _tensors_in(state)
+                if _storage(t) is not None
+            )
+    seen: set[int] = set()
+    for name, module in workload.model.named_modules():
+        own = [p for p in module._parameters.values() if p is not None and id(p) not in seen]
+        seen.update(id(p) for p in own)
+        row = {
+            "name": name,
+            "class": type(module).__name__,
+            "depth": 0 if not name else name.count(".") + 1,
+            "parameters_bytes": sum(_block(p.untyped_storage().nbytes()) for p in own),
+            "gradients_bytes": sum(
+                _block(p.untyped_storage().nbytes()) for p in own if p.requires_grad
+            )
+            if workload.training
+            else 0,
+            "optimizer_state_bytes": sum(opt_state.get(id(p), 0) for p in own),
+            "buffers_bytes": sum(
+                _block(b.untyped_storage().nbytes())
+                for b in module._buffers.values()
+                if b is not None
+            ),
+        }
+        rows[row["name"]] = row
+    return list(rows.values())
+
+
+def _block(nbytes: int) -> int:
+    return -(-max(nbytes, 1) // 512) * 512
