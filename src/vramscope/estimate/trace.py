@@ -50,6 +50,7 @@ from vramscope.estimate.fake_cache import (
     _is_inplace_foreach,
     _returns_tensor_list,
 )
+from vramscope.estimate.initializers import metadata_only_initializers
 from vramscope.estimate.model_state import (
     _built_state,
     _check_device,
@@ -451,6 +452,7 @@ def trace_workload(
     with (
         cuda_emulation(profile, recorder),
         _patched_swap(mode),
+        metadata_only_initializers(mode, mode.shadows),
         mode,
         kernels.AttentionKernels(profile, recorder),
     ):
