@@ -384,6 +384,17 @@ class _CudaModulePatches:
                     return torch._C._ConvBackend.Cudnn
 
             self._set(torch._C, "_select_conv_backend", select_conv_backend)
+        # which memory format a convolution's output takes: cuDNN's suggestion on a GPU
+        # (channels-last in, channels-last out); a build without cuDNN answers contiguous
+        determine = getattr(torch._C, "_conv_determine_backend_memory_format", None)
+        if determine is not None and not torch.backends.cudnn.is_available():
+
+            def determine_memory_format(input: Any, weight: Any, backend: Any) -> Any:
+                if getattr(input, "fake_device", None) == CUDA:
+                    return cudnn_conv_memory_format(input, weight)
+                return determine(input, weight, backend)
+
+            self._set(torch._C, "_conv_determine_backend_memory_format", determine_memory_format)
         return self
 
     def __exit__(self, *_: Any) -> None:
@@ -397,6 +408,21 @@ class _CudaModulePatches:
 
 
 _MISSING = object()
+
+
+def cudnn_conv_memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """``cudnn_conv_suggest_memory_format`` (ATen/native/ConvUtils.h): channels-last when the
+    input or the weight is, for 4-D and 5-D convolutions, never for float64."""
+    from torch._prims_common import suggest_memory_format
+
+    if torch.float64 in (input.dtype, weight.dtype):
+        return torch.contiguous_format
+    formats = (suggest_memory_format(input), suggest_memory_format(weight))
+    if weight.dim() == 4 and torch.channels_last in formats:
+        return torch.channels_last
+    if weight.dim() == 5 and torch.channels_last_3d in formats:
+        return torch.channels_last_3d
+    return torch.contiguous_format
 
 
 @contextlib.contextmanager

@@ -119,16 +119,23 @@ def _module_table(
                 if _storage(t) is not None
             )
     seen: set[int] = set()
+    seen_storages: set[int] = set()  # a recurrent layer's weights share one cuDNN buffer
     for name, module in workload.model.named_modules():
         own = [p for p in module._parameters.values() if p is not None and id(p) not in seen]
         seen.update(id(p) for p in own)
+        stored = []
+        for p in own:
+            key = p.untyped_storage()._cdata
+            if key not in seen_storages:
+                seen_storages.add(key)
+                stored.append(p)
         row = {
             "name": name,
             "class": type(module).__name__,
             "depth": 0 if not name else name.count(".") + 1,
-            "parameters_bytes": sum(_block(p.untyped_storage().nbytes()) for p in own),
+            "parameters_bytes": sum(_block(p.untyped_storage().nbytes()) for p in stored),
             "gradients_bytes": sum(
-                _block(p.untyped_storage().nbytes()) for p in own if p.requires_grad
+                _block(p.untyped_storage().nbytes()) for p in stored if p.requires_grad
             )
             if workload.training
             else 0,

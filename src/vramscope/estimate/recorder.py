@@ -149,16 +149,30 @@ class Recorder:
             if before is not None:
                 self._move_before(before)
 
-    def _move_before(self, tensor: Any) -> None:
-        """Move the last two events (a transient's allocation and free) before the
+    def scratch(self, sizes: list[int], kind: str, op: str, before: Any = None) -> None:
+        """Buffers a kernel holds at once and frees before it returns (allocated in order,
+        freed in reverse). ``before``: an output the kernel allocates after them."""
+        sizes = [size for size in sizes if size > 0]
+        if not self.recording or not sizes:
+            return
+        with self.lock:
+            blocks = [self._alloc(size, kind, op) for size in sizes]
+            for bid in reversed(blocks):
+                self._free(bid)
+            if before is not None:
+                self._move_before(before, 2 * len(blocks))
+
+    def _move_before(self, tensor: Any, count: int = 2) -> None:
+        """Move the last ``count`` events (transients' allocations and frees) before the
         allocation of ``tensor``'s storage, if that is among the op's latest events."""
         entry = self.live.get(tensor.untyped_storage()._cdata)
         if entry is None or entry[0] is None:
             return
-        moved = self.events[-2:]
-        for i in range(len(self.events) - 3, max(-1, len(self.events) - 10), -1):
+        moved = self.events[-count:]
+        last = len(self.events) - count - 1
+        for i in range(last, max(-1, last - 7), -1):
             if self.events[i][:2] == ("alloc", entry[0]):
-                del self.events[-2:]
+                del self.events[-count:]
                 self.events[i:i] = moved
                 return
 

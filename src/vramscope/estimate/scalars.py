@@ -31,6 +31,7 @@ _TRACE_FILES = tuple(
         "cuda_device.py",
         "model_state.py",
         "initializers.py",
+        "rnn.py",
     )
 )
 _SKIP, _OWN = 0, 1

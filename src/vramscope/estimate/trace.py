@@ -41,7 +41,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vramscope.errors import VramscopeError, WorkloadError
-from vramscope.estimate import kernels
+from vramscope.estimate import kernels, rnn
 from vramscope.estimate.cuda_device import CUDA, cuda_emulation
 from vramscope.estimate.fake_cache import (
     FAST_PATHS,
@@ -61,6 +61,7 @@ from vramscope.estimate.model_state import (
 from vramscope.estimate.profiles import GpuProfile
 from vramscope.estimate.recorder import BlockMeta, Recorder, Trace, TraceError
 from vramscope.estimate.scalars import DataDependentValues, _user_location
+from vramscope.estimate.torch_support import check_torch_version
 from vramscope.workload import StepRunner, Workload, WorkloadSpec
 
 try:  # torch's fake-tensor cache, for the fast paths (off where this torch lacks it)
@@ -254,11 +255,14 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
                     return bool(func(*shadow))
             self._note_data_dependent("aten.equal", None)
             return True
+        own = rnn.KERNELS.get(func)
         local = self._local
         depth = getattr(local, "depth", 0)
         local.depth = depth + 1
         try:
-            if (
+            if own is not None:
+                out = own(self, args, kwargs)
+            elif (
                 FAST_PATHS["foreach"]
                 and _is_inplace_foreach(func)
                 and self._plain_foreach(args, kwargs)
@@ -304,6 +308,8 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
             outs = ()
         if recorder.recording:
             kernels.after_op(self.profile, recorder, func, args, kwargs, out)
+            if own is not None:
+                rnn.scratch(recorder, func, args, out)
         self._track_small(func, args, kwargs, outs)
         return out
 
@@ -441,6 +447,7 @@ def trace_workload(
     """Build the workload and trace ``steps`` standard steps on the emulated GPU."""
     import time
 
+    check_torch_version()
     if steps < 1:
         raise VramscopeError(f"steps must be 1 or more, not {steps}")
     start = time.perf_counter()
@@ -455,6 +462,7 @@ def trace_workload(
         metadata_only_initializers(mode, mode.shadows),
         mode,
         kernels.AttentionKernels(profile, recorder),
+        rnn.CudnnRnns(profile, recorder),
     ):
         from vramscope.workload import build_workload
 

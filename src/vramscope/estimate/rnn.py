@@ -1,0 +1,403 @@
+"""cuDNN recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``) on the emulated GPU.
+
+On a GPU, torch runs these layers through cuDNN (``aten/src/ATen/native/cudnn/RNN.cpp``): the
+module's weights are views into one flat buffer (``flatten_parameters`` when the module moves
+to the GPU), one ``_cudnn_rnn`` call runs every layer and time step and keeps a *reserve*
+buffer for backward, and ``_cudnn_rnn_backward`` returns the weight gradients as views into
+one buffer too. A CPU build of torch has no cuDNN, so its LSTM would take the generic path
+(an op per gate per time step, each saved for backward: +14 % allocated on a recorded
+workload); a CUDA build on a machine without a GPU stops inside cuDNN. This module takes
+the cuDNN path on both, without cuDNN:
+
+* :class:`CudnnRnns` (a torch-function mode) answers ``torch._cudnn_rnn_flatten_weight``
+  (one buffer, the weights made views into it) and ``torch._VF.lstm/gru/rnn_tanh/rnn_relu``
+  as ``_cudnn_impl`` does: the flat buffer when the weights are laid out in it, the dropout
+  state cached for the process, and under CUDA autocast the weights re-flattened into a new
+  float16 buffer at every call (``AutocastRNN.cpp``: always float16, even in bf16-mixed);
+* :data:`KERNELS` make the outputs of ``aten._cudnn_rnn`` and ``aten._cudnn_rnn_backward``
+  with the shapes RNN.cpp gives them, and :func:`scratch` the buffers each allocates and
+  frees inside (the batch-first copies, zero gradients, cuDNN's workspace).
+
+The sizes cuDNN itself chooses (weight space, reserve, workspace, dropout state) come from
+:func:`cudnn_sizes`, a rule by layer shape that is **not yet checked against a GPU**; the
+H200 recordings of ``tests/gpu/record_rnn.py`` are what it is to be calibrated on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+if TYPE_CHECKING:
+    from vramscope.estimate.profiles import GpuProfile
+    from vramscope.estimate.recorder import Recorder
+
+aten = torch.ops.aten
+# cuDNN's cudnnRNNMode_t, as torch passes it to _cudnn_rnn
+RNN_RELU, RNN_TANH, LSTM, GRU = 0, 1, 2, 3
+MODES = {"rnn_relu": RNN_RELU, "rnn_tanh": RNN_TANH, "lstm": LSTM, "gru": GRU}
+GATES = {RNN_RELU: 1, RNN_TANH: 1, LSTM: 4, GRU: 3}
+# Values cuDNN keeps per layer, direction, time step and sequence, in hidden-size units, for
+# backward: the gates, and for LSTM the cell state, for GRU the reset-gated recurrent term,
+# and the layer's output (the next layer's input). UNVERIFIED: to be calibrated on the H200.
+RESERVE_PER_STEP = {RNN_RELU: 2, RNN_TANH: 2, LSTM: 6, GRU: 5}
+# "Each state is slightly over 2MB" (RNN.cpp, get_dropout_state). UNVERIFIED.
+DROPOUT_STATE_BYTES = 2 << 20
+_CUDNN_DTYPES = (torch.float32, torch.float16, torch.float64)
+
+
+def cudnn_sizes(
+    mode: int,
+    *,
+    steps: int,
+    batch: int,
+    hidden: int,
+    layers: int,
+    directions: int,
+    itemsize: int,
+    train: bool,
+) -> dict[str, int]:
+    """Bytes cuDNN asks for: ``reserve`` (kept from forward to backward while training) and
+    ``workspace`` (inside each call: the input projections of all time steps of one layer,
+    all gates)."""
+    per_step = steps * batch * hidden * directions * itemsize
+    return {
+        "reserve": per_step * layers * RESERVE_PER_STEP[mode] if train else 0,
+        "workspace": per_step * GATES[mode],
+    }
+
+
+def _layout(input: Any, batch_first: bool, batch_sizes: Any) -> tuple[int, int, int]:
+    """(time steps, batch, input size) of an RNN input, as ``TensorDescriptorListParams``."""
+    if len(batch_sizes):
+        return len(batch_sizes), int(batch_sizes[0]), input.shape[1]
+    if batch_first:
+        return input.shape[1], input.shape[0], input.shape[2]
+    return input.shape[0], input.shape[1], input.shape[2]
+
+
+def _call_sizes(
+    input: Any,
+    rnn_mode: int,
+    hidden: int,
+    layers: int,
+    batch_first: bool,
+    bidirectional: bool,
+    batch_sizes: Any,
+    train: bool,
+) -> dict[str, int]:
+    """:func:`cudnn_sizes` for one call of the ops below."""
+    steps, batch, _ = _layout(input, batch_first, batch_sizes)
+    return cudnn_sizes(
+        rnn_mode,
+        steps=steps,
+        batch=batch,
+        hidden=hidden,
+        layers=layers,
+        directions=2 if bidirectional else 1,
+        itemsize=input.element_size(),
+        train=train,
+    )
+
+
+# ---- the two ops, as RNN.cpp makes their outputs ---------------------------------------------
+
+
+def _empty(mode: Any, shape: Any, dtype: torch.dtype, device: Any, stride: Any = None) -> Any:
+    """A new fake tensor made by the fake mode itself (not recorded as an op of its own)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if stride is None:
+        stride, step = [], 1
+        for size in reversed(list(shape)):
+            stride.insert(0, step)
+            step *= max(size, 1)
+    return FakeTensorMode.dispatch(
+        mode,
+        aten.empty_strided.default,
+        (),
+        (list(shape), list(stride)),
+        {"dtype": dtype, "device": device},
+    )
+
+
+def cudnn_rnn(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``aten._cudnn_rnn``: (output, hy, cy, reserve, weight_buf)."""
+    (input, weight, _, weight_buf, hx, cx, rnn_mode, hidden, proj, layers, batch_first) = args[:11]
+    train, bidirectional, batch_sizes = args[12], args[13], args[14]
+    steps, batch, _ = _layout(input, batch_first, batch_sizes)
+    directions = 2 if bidirectional else 1
+    out_size = (proj or hidden) * directions
+    device = input.device
+    if len(batch_sizes):
+        output = _empty(mode, (input.shape[0], out_size), input.dtype, device)
+    elif batch_first:  # made sequence-major, then transposed in place
+        output = _empty(
+            mode, (batch, steps, out_size), input.dtype, device, (out_size, batch * out_size, 1)
+        )
+    else:
+        output = _empty(mode, (steps, batch, out_size), input.dtype, device)
+    hy = _empty(mode, (layers * directions, batch, proj or hidden), hx.dtype, device)
+    cy = _empty(
+        mode,
+        (layers * directions, batch, hidden) if cx is not None else (0,),
+        hx.dtype,
+        device,
+    )
+    sizes = _call_sizes(
+        input, rnn_mode, hidden, layers, batch_first, bidirectional, batch_sizes, train
+    )
+    reserve = _empty(mode, (sizes["reserve"],), torch.uint8, device)
+    if weight_buf is None:  # weights not in one buffer: copied into a new one at every call
+        weight_buf = _empty(mode, (sum(w.numel() for w in weight),), input.dtype, device)
+    return output, hy, cy, reserve, weight_buf
+
+
+def cudnn_rnn_backward(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``aten._cudnn_rnn_backward``: (dx, dhx, dcx, weight gradients as views of one buffer)."""
+    input, weight, _, weight_buf, hx, cx = args[:6]
+    grad_output, grad_hy, grad_cy = args[7:10]
+    output_mask = args[21]
+    device = input.device
+    if grad_output is None and grad_hy is None and grad_cy is None:
+        return None, None, None, [None] * len(weight)
+    dx = _empty(mode, input.shape, input.dtype, device)
+    dhx = _empty(mode, hx.shape, hx.dtype, device)
+    dcx = _empty(mode, cx.shape, cx.dtype, device) if cx is not None else None
+    grads: list[Any] = []
+    if output_mask[3]:
+        flat = _empty(mode, weight_buf.shape, weight_buf.dtype, device)
+        offset = 0
+        for w in weight:
+            grads.append(flat.narrow(0, offset, w.numel()).view(w.shape))
+            offset += w.numel()
+    return dx, dhx, dcx, grads
+
+
+KERNELS = {aten._cudnn_rnn.default: cudnn_rnn, aten._cudnn_rnn_backward.default: cudnn_rnn_backward}
+
+
+def scratch(recorder: Recorder, func: Any, args: tuple[Any, ...], out: Any) -> None:
+    """What the two ops allocate and free inside, recorded after their outputs."""
+    if func is aten._cudnn_rnn.default:
+        input, batch_first, train = args[0], args[10], args[12]
+        hidden, layers, bidirectional, batch_sizes = args[7], args[9], args[13], args[14]
+        sizes = _call_sizes(
+            input, args[6], hidden, layers, batch_first, bidirectional, batch_sizes, train
+        )
+        copy = _nbytes(input) if batch_first and not len(batch_sizes) else 0
+        # the sequence-major copy of a batch-first input, then cuDNN's workspace
+        recorder.scratch([copy, sizes["workspace"]], "temporary", "cudnn rnn", before=out[3])
+        return
+    input, hx, cx, output = args[0], args[4], args[5], args[6]
+    grad_output, grad_hy, grad_cy = args[7:10]
+    batch_first, hidden, layers = args[14], args[11], args[13]
+    bidirectional, batch_sizes = args[17], args[18]
+    if grad_output is None and grad_hy is None and grad_cy is None:
+        return
+    workspace = _call_sizes(
+        input, args[10], hidden, layers, batch_first, bidirectional, batch_sizes, True
+    )["workspace"]
+    zeros = [
+        _nbytes(output) if grad_output is None else 0,
+        _nbytes(hx) if grad_hy is None else 0,
+        _nbytes(cx) if cx is not None and grad_cy is None else 0,
+    ]
+    copies = batch_first and not len(batch_sizes)
+    x_copy = _nbytes(input) if copies else 0
+    dy_copy = _nbytes(output) if copies else 0
+    weight_grads = out[3][0] if out[3] and out[3][0] is not None else None
+    # backward data: the missing gradients as zeros, the sequence-major copies of x and dy,
+    # the workspace; before the weight gradients' buffer is made
+    recorder.scratch(
+        [*zeros, x_copy, dy_copy, workspace], "temporary", "cudnn rnn backward", weight_grads
+    )
+    # backward weights: x again and the workspace, the weight gradients' buffer alive
+    recorder.scratch([x_copy, workspace], "temporary", "cudnn rnn backward")
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if t is not None else 0
+
+
+# ---- the module-level entry points ------------------------------------------------------------
+
+
+class CudnnRnns(TorchFunctionMode):
+    """``nn.LSTM``/``nn.GRU``/``nn.RNN`` on fake CUDA tensors take cuDNN's path."""
+
+    def __init__(self, profile: GpuProfile, recorder: Recorder) -> None:
+        super().__init__()
+        self.profile = profile
+        self.recorder = recorder
+        self.dropout_state: Any = None
+        vf = torch._C._VariableFunctions
+        self._entries = {getattr(vf, name): name for name in MODES}
+        self._flatten = vf._cudnn_rnn_flatten_weight
+
+    def __enter__(self) -> CudnnRnns:
+        # nn.RNNBase.flatten_parameters asks this before flattening; a CPU build says no
+        cudnn = torch.backends.cudnn
+        self._is_acceptable = cudnn.is_acceptable
+        original = self._is_acceptable
+
+        def is_acceptable(tensor: torch.Tensor) -> bool:
+            if _fake_cuda(tensor):
+                return bool(cudnn.enabled) and tensor.dtype in _CUDNN_DTYPES
+            return original(tensor)
+
+        cudnn.is_acceptable = is_acceptable
+        # it also compares data pointers, which fake tensors do not have
+        rnn_base = torch.nn.modules.rnn.RNNBase
+        self._flatten_parameters = rnn_base.flatten_parameters
+        original_flatten = self._flatten_parameters
+
+        def flatten_parameters(module: Any) -> None:
+            weights = module._flat_weights
+            if not weights or not all(_fake_cuda(w) for w in weights):
+                return original_flatten(module)
+            if (
+                len(weights) != len(module._flat_weights_names)
+                or any(w.dtype != weights[0].dtype or not is_acceptable(w) for w in weights)
+                or len({(w.untyped_storage()._cdata, w.storage_offset()) for w in weights})
+                != len(weights)
+            ):
+                return None
+            with torch.no_grad():
+                _flatten(weights)
+            return None
+
+        rnn_base.flatten_parameters = flatten_parameters
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.backends.cudnn.is_acceptable = self._is_acceptable
+        torch.nn.modules.rnn.RNNBase.flatten_parameters = self._flatten_parameters
+        self.dropout_state = None
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is self._flatten and args and _fake_cuda(args[0][0]):
+            return _flatten(*args)
+        name = self._entries.get(func)
+        if name is not None:
+            result = self._rnn(name, args)
+            if result is not NotImplemented:
+                return result
+        return func(*args, **kwargs)
+
+    def _accepts(self, input: Any) -> bool:
+        """``use_cudnn`` in ATen/native/RNN.cpp."""
+        if not (_fake_cuda(input) and torch.backends.cudnn.enabled and input.numel()):
+            return False
+        if input.dtype == torch.bfloat16:  # cuDNN 9.13+ on sm80+
+            return self.profile.sm >= 80
+        return input.dtype in _CUDNN_DTYPES
+
+    def _rnn(self, name: str, args: tuple[Any, ...]) -> Any:
+        input, hx = args[0], args[1]
+        if isinstance(hx, torch.Tensor) and hx.dtype == torch.int64 and hx.dim() == 1:
+            return NotImplemented  # a packed sequence: the generic path
+        if not self._accepts(input):
+            return NotImplemented
+        params, has_biases, layers, dropout, train, bidirectional, batch_first = args[2:9]
+        if name == "lstm":
+            hx, cx = hx
+        else:
+            cx = None
+        hidden, proj = hx.shape[2], 0
+        if cx is not None and cx.shape[2] != hx.shape[2]:
+            hidden, proj = cx.shape[2], hx.shape[2]
+        stride0 = (4 if has_biases else 2) + (1 if proj else 0)
+        weight_buf = _weight_buf(params)
+        dropout_state = None
+        if train and dropout > 0:
+            if self.dropout_state is None:  # cached for the process, made at first use
+                self.dropout_state = torch.empty(
+                    DROPOUT_STATE_BYTES, dtype=torch.uint8, device=input.device
+                )
+                self.recorder.retag(self.dropout_state.untyped_storage(), "workspace")
+            dropout_state = self.dropout_state
+        weights = list(params)
+        if torch.is_autocast_enabled("cuda") and params[0].dtype != torch.float16:
+            # AutocastRNN.cpp: float16 weights re-flattened into a new buffer at every call
+            # (autograd sees the copies), float16 input and states
+            weight_buf = torch.zeros(
+                sum(w.numel() for w in params), dtype=torch.float16, device=input.device
+            )
+            offset = 0
+            for w in params:  # each view made just before its copy, as autograd needs
+                weight_buf.narrow(0, offset, w.numel()).view(w.shape).copy_(w)
+                offset += w.numel()
+            weights = _views(weight_buf, params)
+            weight_buf = weight_buf.detach()  # gradients flow through the views
+            input, hx = input.half(), hx.half()
+            cx = cx.half() if cx is not None else None
+        with torch.autocast("cuda", enabled=False):
+            output, hy, cy, _, _ = aten._cudnn_rnn(
+                input,
+                weights,
+                stride0,
+                weight_buf,
+                hx,
+                cx,
+                MODES[name],
+                hidden,
+                proj,
+                layers,
+                batch_first,
+                dropout,
+                train,
+                bidirectional,
+                [],
+                dropout_state,
+            )
+        return (output, hy, cy) if name == "lstm" else (output, hy)
+
+
+def _fake_cuda(t: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) and t.fake_device.type == "cuda"
+
+
+def _views(buf: torch.Tensor, params: Any) -> list[torch.Tensor]:
+    views, offset = [], 0
+    for w in params:
+        views.append(buf.narrow(0, offset, w.numel()).view(w.shape))
+        offset += w.numel()
+    return views
+
+
+def _flatten(weights: Any, *_: Any) -> torch.Tensor:
+    """``_cudnn_rnn_flatten_weight``: one buffer of every weight (cuDNN's weight space,
+    taken as their sum), each weight made a view into it."""
+    first = weights[0]
+    buf = torch.zeros(sum(w.numel() for w in weights), dtype=first.dtype, device=first.device)
+    with torch.no_grad():
+        for view, w in zip(_views(buf, weights), weights, strict=True):
+            w.set_(view)  # values do not matter; the copy is left out
+    return buf
+
+
+def _weight_buf(params: Any) -> torch.Tensor | None:
+    """``try_get_weight_buf``: the flat buffer when every weight is a view into one storage,
+    in order and packed; None otherwise (cuDNN then copies them at every call)."""
+    first = params[0]
+    storage = first.untyped_storage()
+    offset = first.storage_offset()
+    if offset != 0:
+        return None
+    for w in params:
+        if w.untyped_storage()._cdata != storage._cdata or w.storage_offset() != offset:
+            return None
+        if not w.is_contiguous():
+            return None
+        offset += w.numel()
+    with contextlib.suppress(RuntimeError):
+        return first.new_empty(0).set_(storage, 0, (offset,), (1,))
+    return None

@@ -1,0 +1,41 @@
+"""The layer workloads of ``tests/layer_workloads.py``: estimated against a real run on this
+GPU. Recurrent layers are held to the issue's target (allocated within 2 %), the others to
+the accuracy suite's 90th-percentile target (3 %)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import vramscope
+from vramscope.estimate.estimator import estimate
+from vramscope.estimate.profiles import PROFILES
+
+pytestmark = pytest.mark.gpu
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+from layer_workloads import BUILDERS, CASES  # noqa: E402
+
+RECURRENT = {"lstm", "lstm_bidirectional", "lstm_inference", "lstm_16_mixed", "gru", "rnn_tanh"}
+
+
+def _profile() -> str:
+    name = torch.cuda.get_device_name(0)
+    return next((p.name for p in PROFILES if p.display_name == name), "h200")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_layer_estimate_matches_the_gpu(name):
+    batch, precision = CASES[name]
+    spec = f"{TESTS / 'layer_workloads.py'}:{BUILDERS.get(name, name)}"
+    measured = vramscope.measure(spec, batch, steps=3, device="cuda", precision=precision)
+    estimated = estimate(spec, batch, gpu=_profile(), precision=precision)
+    error = estimated.peak.allocated_bytes / measured.peak.allocated_bytes - 1
+    limit = 0.02 if name in RECURRENT else 0.03
+    assert abs(error) <= limit, (
+        f"{name}: estimated {estimated.peak.allocated_bytes:,} B, measured "
+        f"{measured.peak.allocated_bytes:,} B ({error:+.2%})"
+    )
