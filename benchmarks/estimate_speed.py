@@ -5,7 +5,9 @@ Usage: python benchmarks/estimate_speed.py [--out benchmarks/results/estimate_sp
 
 Three measurements:
 * in one process, after a warm-up estimate (imports and the one-off CUDA-emulation set-up
-  paid), the wall time of one estimate per model up to 1.1 B parameters -- target ≤5 s;
+  paid), the wall time of one estimate per model up to 1.1 B parameters -- targets: each
+  ≤30 s, their median ≤5 s (ConvNeXt-T and ViT-B/16 are the models whose construction,
+  under torch 2.14's rejection-sampling ``trunc_normal_``, used to take minutes);
 * the same for one model in a fresh process, as the command line runs it (``cold``: imports
   of torch, transformers and torch._dynamo included), for reference;
 * ``hf:llama-7b`` from its config in a fresh process: wall time and the process's peak
@@ -22,6 +24,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -34,6 +37,9 @@ sys.path.insert(0, str(HERE.parent / "src"))
 MODELS = [
     ("example-gpt", "example:gpt", 16, "32-true", 5, None),
     ("resnet50", "torchvision:resnet50@sgdm", 64, "32-true", 26, "torchvision"),
+    ("convnext_tiny", "torchvision:convnext_tiny", 64, "bf16-mixed", 29, "torchvision"),
+    ("vit_b_16", "torchvision:vit_b_16", 64, "bf16-mixed", 86, "torchvision"),
+    ("lstm-2x512", "tests/layer_workloads.py:lstm", 32, "32-true", 4, None),
     ("bert-base", "hf:bert-base/seq=512", 16, "32-true", 110, "transformers"),
     ("gpt2", "hf:gpt2/seq=1024", 16, "bf16-mixed", 124, "transformers"),
     ("opt-350m", "hf:opt-350m/seq=1024", 8, "bf16-mixed", 331, "transformers"),
@@ -42,7 +48,7 @@ MODELS = [
     ("llama-1b-true", "hf:llama-1b/seq=1024", 4, "bf16-true", 1100, "transformers"),
 ]
 SEVEN_B = ("llama-7b", "hf:llama-7b/seq=1024", 1, "bf16-mixed")
-TARGET_S, TARGET_7B_S, TARGET_7B_RSS = 5.0, 30.0, 2 * 1024**3
+TARGET_S, TARGET_MEDIAN_S, TARGET_7B_S, TARGET_7B_RSS = 30.0, 5.0, 30.0, 2 * 1024**3
 
 _CHILD = """
 import json, resource, sys, time
@@ -101,6 +107,7 @@ def main() -> int:
 
     from vramscope.estimate.estimator import estimate
 
+    load = [round(x, 2) for x in os.getloadavg()]  # the machine is shared: say how busy
     start = time.perf_counter()
     estimate("example:gpt", 2)  # warm-up: imports, symbol lookup, first fake-tensor caches
     warmup = time.perf_counter() - start
@@ -136,7 +143,7 @@ def main() -> int:
             f"{label:16s} {report.workload['parameters'] / 1e6:7.0f}M {seconds:8.2f}  "
             f"{'MET' if met else 'MISSED'}"
         )
-    result: dict = {"warmup_seconds": round(warmup, 2), "models": rows}
+    result: dict = {"warmup_seconds": round(warmup, 2), "models": rows, "load_before": load}
     if available("transformers"):
         cold = in_fresh_process("hf:gpt2/seq=1024", 16, "bf16-mixed")
         result["cold_gpt2"] = cold
@@ -161,10 +168,21 @@ def main() -> int:
     timed = [r for r in rows if "seconds" in r]
     result["summary"] = {
         "max_seconds_up_to_1b": max((r["seconds"] for r in timed), default=None),
+        "median_seconds_up_to_1b": statistics.median(r["seconds"] for r in timed)
+        if timed
+        else None,
         "all_met": all(r["met"] for r in timed)
+        and (not timed or statistics.median(r["seconds"] for r in timed) <= TARGET_MEDIAN_S)
         and result.get("llama_7b", {}).get("met_time", True)
         and result.get("llama_7b", {}).get("met_rss", True),
     }
+    if timed:
+        median = result["summary"]["median_seconds_up_to_1b"]
+        say(
+            f"median {median:.2f} s (≤{TARGET_MEDIAN_S:.0f} s: "
+            f"{'MET' if median <= TARGET_MEDIAN_S else 'MISSED'}); load average before: "
+            f"{result['load_before']}"
+        )
     say("all targets met" if result["summary"]["all_met"] else "SOME TARGETS MISSED")
     result["meta"] = {
         "date": datetime.date.today().isoformat(),

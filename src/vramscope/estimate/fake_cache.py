@@ -89,19 +89,30 @@ def _parameters(method: Any) -> tuple[str, ...]:
         return ()
 
 
-# the methods the fast paths stand in for or call, as this torch has them
+# the methods the fast paths stand in for or call, as this torch has them; torch 2.15 took
+# ``func`` out of the two cache-entry methods (a view is then known by the entry's view_idx)
+_WITH_FUNC = ("self", "state", "entry", "key", "func", "args")
+_WITHOUT_FUNC = ("self", "state", "entry", "key", "args")
+CACHE_CALLS_TAKE_FUNC = _parameters(FakeTensorMode._output_from_cache_entry) != _WITHOUT_FUNC
+_ENTRY_PARAMETERS = _WITH_FUNC if CACHE_CALLS_TAKE_FUNC else _WITHOUT_FUNC
 FAST_PATHS["key"] = FAST_PATHS["key"] and (
     _parameters(FakeTensorMode._cache_key) == ("self", "state", "func", "args", "kwargs")
-    and _parameters(FakeTensorMode._output_from_cache_entry)
-    == ("self", "state", "entry", "key", "func", "args")
+    and _parameters(FakeTensorMode._output_from_cache_entry) == _ENTRY_PARAMETERS
     and _parameters(FakeTensorMode._make_cache_entry)
     == ("self", "state", "key", "func", "args", "kwargs", "output")
 )
 FAST_PATHS["wrap"] = _parameters(
     getattr(FakeTensorMode, "_get_output_tensor_from_cache_entry", None)
-) == ("self", "state", "entry", "key", "func", "args") and not getattr(
+) == _ENTRY_PARAMETERS and not getattr(
     getattr(sys.modules[FakeTensorMode.__module__], "FakeTensorConfig", None), "debug", True
 )
+
+
+def entry_arguments(state: Any, entry: Any, key: Any, func: Any, args: Any) -> tuple[Any, ...]:
+    """The arguments of torch's cache-entry methods, as this torch takes them."""
+    if CACHE_CALLS_TAKE_FUNC:
+        return state, entry, key, func, args
+    return state, entry, key, args
 
 
 def _proxy_tracing() -> bool:
@@ -298,14 +309,18 @@ class FastForeach(FakeTensorMode):
         state = _CacheKeyState(self.shape_env)
         if entry is not None:
             return [
-                self._get_output_tensor_from_cache_entry(state, info, key, func, args)
+                self._get_output_tensor_from_cache_entry(
+                    *entry_arguments(state, info, key, func, args)
+                )
                 for info in entry.output_infos
             ]
         entry = self._deduplicated_entry(state, key, func, types, args, kwargs)
         if entry is not None:
             entries[key] = entry
             return [
-                self._get_output_tensor_from_cache_entry(state, info, key, func, args)
+                self._get_output_tensor_from_cache_entry(
+                    *entry_arguments(state, info, key, func, args)
+                )
                 for info in entry.output_infos
             ]
         out = super().dispatch(func, types, args, kwargs)
@@ -389,7 +404,9 @@ class FastForeach(FakeTensorMode):
             if storage._cdata in inputs or storage._cdata in seen:
                 return None
             seen.add(storage._cdata)
-            again = self._get_output_tensor_from_cache_entry(state, info, key, func, args)
+            again = self._get_output_tensor_from_cache_entry(
+                *entry_arguments(state, info, key, func, args)
+            )
             if (
                 again.untyped_storage().nbytes() != storage.nbytes()
                 or again.storage_offset() != made.storage_offset()

@@ -44,11 +44,13 @@ from vramscope.errors import VramscopeError, WorkloadError
 from vramscope.estimate import kernels, rnn
 from vramscope.estimate.cuda_device import CUDA, cuda_emulation
 from vramscope.estimate.fake_cache import (
+    CACHE_CALLS_TAKE_FUNC,
     FAST_PATHS,
     FastForeach,
     _fast_cache_key,
     _is_inplace_foreach,
     _returns_tensor_list,
+    entry_arguments,
 )
 from vramscope.estimate.initializers import metadata_only_initializers
 from vramscope.estimate.model_state import (
@@ -151,18 +153,24 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
         in-place and symbolic entries go to torch's own method."""
         if not FAST_PATHS["wrap"]:
             return super()._get_output_tensor_from_cache_entry(*arguments)
-        state, entry, key, func, args = arguments
+        entry, args = arguments[1], arguments[-1]
+        if CACHE_CALLS_TAKE_FUNC:
+            func = arguments[3]
+            plain = isinstance(func, torch._ops.OpOverload)
+            is_view = plain and func.is_view
+        else:
+            plain, is_view = True, entry.view_idx is not None
         metadata = entry.metadata
         if (
             metadata is None
             or entry.inplace_idx is not None
             or self.shape_env is not None
             or metadata.layout != torch.strided
-            or not isinstance(func, torch._ops.OpOverload)
+            or not plain
         ):
-            return super()._get_output_tensor_from_cache_entry(state, entry, key, func, args)
+            return super()._get_output_tensor_from_cache_entry(*arguments)
         shape, stride, offset = metadata.shape, metadata.stride, metadata.storage_offset
-        storage = args[entry.view_idx].untyped_storage() if func.is_view else None
+        storage = args[entry.view_idx].untyped_storage() if is_view else None
         previous = self.in_kernel_invocation
         # what in_kernel_invocation_manager(self) does
         with torch._C._DisableTorchDispatch():
@@ -336,7 +344,9 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
         entry = FakeTensorMode.cache.get(key)
         if entry is None or type(entry) is not _DispatchCacheValidEntry:
             return _MISS
-        output = self._output_from_cache_entry(_CacheKeyState(None), entry, key, func, args)
+        output = self._output_from_cache_entry(
+            *entry_arguments(_CacheKeyState(None), entry, key, func, args)
+        )
         FakeTensorMode.cache_hits += 1
         return output
 
