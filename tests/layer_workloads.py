@@ -181,6 +181,41 @@ def sdpa_mask_dropout(batch_size: int, device: torch.device) -> vramscope.Worklo
     return vramscope.Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
 
 
+class FlexAttention(nn.Module):
+    """``flex_attention`` with a causal score modification, called as it is (not compiled:
+    the estimate does not trace ``torch.compile``)."""
+
+    def __init__(self, dim: int = 256, heads: int = 4) -> None:
+        super().__init__()
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.attend = flex_attention
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, dim = x.shape
+        q, k, v = self.qkv(x).view(b, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+
+        def causal(score, batch, head, query, key):
+            return torch.where(query >= key, score, -float("inf"))
+
+        return self.attend(q, k, v, score_mod=causal).transpose(1, 2).reshape(b, length, dim)
+
+
+def flex_attention(batch_size: int, device: torch.device) -> vramscope.Workload:
+    model = FlexAttention().to(device)
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def batch():
+        return (torch.randn(batch_size, 512, 256, device=device),)
+
+    def loss(m, x):
+        return m(x).float().pow(2).mean()
+
+    return vramscope.Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
+
+
 class Mlp(nn.Module):
     def __init__(self, width: int = 1024, depth: int = 4) -> None:
         super().__init__()
@@ -227,6 +262,7 @@ CASES: dict[str, tuple[int, str]] = {
     "embedding_bag_sum": (256, "32-true"),
     "embedding_bag_max": (256, "32-true"),
     "sdpa_mask_dropout": (16, "bf16-mixed"),
+    "flex_attention": (8, "32-true"),
     "fused_adam": (64, "32-true"),
     "mlp_16_mixed": (64, "16-mixed"),
 }

@@ -210,6 +210,17 @@ def test_attention_with_a_boolean_mask_and_dropout():
     assert out[:2] == [batch * heads * length * head_dim * 2, block(batch * heads * length * F32)]
 
 
+def test_flex_attention_traces_without_a_scores_matrix():
+    t = trace("flex_attention", 8)
+    batch, heads, length, head_dim = 8, 4, 512, 64
+    # its fake rule makes the fused kernel's outputs: the output and float32 statistics; the
+    # (B, H, L, L) scores of the unfused reference never appear (unchecked on the GPU)
+    assert batch * heads * length * head_dim * F32 in blocks(t, "flex_attention")
+    assert batch * heads * length * F32 in blocks(t, "flex_attention")
+    tensors = [b.size for b in t.blocks.values() if b.kind != "workspace"]
+    assert max(tensors) < batch * heads * length * length * F32
+
+
 # ---- optimizers and scaling ------------------------------------------------------------------
 
 

@@ -107,9 +107,10 @@ class DataDependentValues(FakeTensorMode):
         small = [t for t in outs if isinstance(t, FakeTensor) and t.numel() <= SHADOW_LIMIT]
         writes = _WRITTEN_ARGS.get(func)
         if writes is None:
+            schema = getattr(func, "_schema", None)  # none for higher-order ops
             writes = _WRITTEN_ARGS[func] = tuple(
                 i
-                for i, arg in enumerate(func._schema.arguments)
+                for i, arg in enumerate(schema.arguments if schema is not None else ())
                 if arg.alias_info is not None and arg.alias_info.is_write
             )
         if not small and not writes:

@@ -446,6 +446,16 @@ def _module_stack(recorder: Recorder, names: dict[int, str]) -> Iterator[None]:
         recorder.module_stack.clear()
 
 
+def _share_higher_order_rules() -> None:
+    """Higher-order ops (``flex_attention`` and its backward, ``cond``, ...) look their fake
+    rule up by the mode's exact class: the tracing mode takes ``FakeTensorMode``'s, which
+    makes the outputs only (FlexAttention's output and logsumexp, as its fused kernel)."""
+    for op in list(getattr(torch._ops, "_higher_order_ops", {}).values()):
+        table = getattr(op, "python_key_table", None)
+        if isinstance(table, dict) and FakeTensorMode in table and TracingMode not in table:
+            table[TracingMode] = table[FakeTensorMode]
+
+
 def trace_workload(
     spec: WorkloadSpec,
     batch_size: int,
@@ -458,6 +468,7 @@ def trace_workload(
     import time
 
     check_torch_version()
+    _share_higher_order_rules()
     if steps < 1:
         raise VramscopeError(f"steps must be 1 or more, not {steps}")
     start = time.perf_counter()
@@ -481,6 +492,7 @@ def trace_workload(
         except WorkloadError as exc:
             raise _explain_build_error(exc, spec.spec) from None
         workload = workload.with_overrides(precision=precision, accumulate=accumulate)
+        _share_higher_order_rules()  # for those the build imported
         _check_device(workload, spec.spec)
         if workload.precision in ("bf16-mixed", "bf16-true") and not profile.supports_bf16:
             recorder.notes.append(
