@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import nox
 
-# oldest tested, the README's, the newest; torchvision releases made for each (None: none yet)
-TORCH_VERSIONS = {"2.13.0": None, "2.14.1": "0.29.1", "2.15.0": None}
+# the oldest supported (the GPU tests' torch), the README's, 2.14.1 and the newest release;
+# the torchvision release installed with each (None: none loads with that build, or none yet)
+TORCH_VERSIONS = {"2.11.0": None, "2.13.0": None, "2.14.1": "0.29.1", "2.15.0": None}
 ESTIMATOR_TESTS = [
     "tests/test_estimate.py",
     "tests/test_estimate_cli.py",

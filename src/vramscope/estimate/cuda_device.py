@@ -18,6 +18,7 @@ import json
 import mmap
 import os
 import struct
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -264,6 +265,7 @@ class _CudaModulePatches:
 
     def __enter__(self) -> _CudaModulePatches:
         p, rec = self.profile, self.recorder
+        has_gpu = torch.cuda.is_available()  # before it answers as the profile
         cuda = torch.cuda
         props = SimpleNamespace(
             name=p.display_name,
@@ -384,6 +386,11 @@ class _CudaModulePatches:
                     return torch._C._ConvBackend.Cudnn
 
             self._set(torch._C, "_select_conv_backend", select_conv_backend)
+        # a fake CUDA tensor first makes a real one to start the CUDA context (torch 2.11
+        # does so even under a mode that asks to avoid it): without a GPU there is none
+        fake_tensor = sys.modules.get("torch._subclasses.fake_tensor")
+        if not has_gpu and hasattr(fake_tensor, "init_gpu_context"):
+            self._set(fake_tensor, "init_gpu_context", lambda *a, **k: None)
         # which memory format a convolution's output takes: cuDNN's suggestion on a GPU
         # (channels-last in, channels-last out); a build without cuDNN answers contiguous
         determine = getattr(torch._C, "_conv_determine_backend_memory_format", None)

@@ -3,7 +3,7 @@
 The estimator works inside torch: it emulates the CUDA device through symbols of torch's
 libraries, subclasses the fake-tensor mode and builds its cache keys. Those internals change
 between releases, so only the versions its tests pass on are accepted (``noxfile.py`` runs
-them: torch 2.13 CPU build, 2.14.1 and 2.15.0; 2.11 is the GPU tests' version). Measuring a
+them: torch 2.11, 2.13 CPU build, 2.14.1 and 2.15.0; 2.11 is also the GPU tests'). Measuring a
 real run (``run``, ``measure``, ``track``) uses public APIs only and is not limited here.
 """
 
