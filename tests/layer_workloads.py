@@ -68,6 +68,39 @@ def rnn_tanh(batch_size: int, device: torch.device) -> vramscope.Workload:
     return _language_model(Recurrent("RNN", 256, 2), batch_size, device, True)
 
 
+class PackedRecurrent(nn.Module):
+    """Sequences of different lengths packed for the LSTM, padded again after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 256)
+        self.rnn = nn.LSTM(256, 512, batch_first=True)
+        self.head = nn.Linear(512, VOCAB)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+        packed = pack_padded_sequence(self.emb(x), lengths, batch_first=True, enforce_sorted=False)
+        y, _ = pad_packed_sequence(self.rnn(packed)[0], batch_first=True, total_length=SEQ)
+        return self.head(y)
+
+
+def lstm_packed(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """``pack_padded_sequence``: lengths SEQ/2+1 ... SEQ, known on the host."""
+    model = PackedRecurrent().to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def batch():
+        x = torch.randint(0, VOCAB, (batch_size, SEQ), device=device)
+        lengths = torch.arange(batch_size) % (SEQ // 2) + SEQ // 2 + 1
+        return x, lengths
+
+    def loss(m, x, lengths):
+        return nn.functional.cross_entropy(m(x, lengths).flatten(0, 1), x.flatten())
+
+    return vramscope.Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
+
+
 class Convolutions(nn.Module):
     """Depthwise, pointwise and grouped convolutions (a MobileNet-like block), and one
     dense 3x3 convolution, the kind that takes a cuDNN workspace on channels-first input."""
@@ -255,6 +288,7 @@ CASES: dict[str, tuple[int, str]] = {
     "lstm_bidirectional": (16, "32-true"),
     "lstm_inference": (64, "32-true"),
     "lstm_16_mixed": (32, "16-mixed"),
+    "lstm_packed": (32, "32-true"),
     "gru": (32, "32-true"),
     "rnn_tanh": (32, "32-true"),
     "grouped_convolutions": (32, "32-true"),
@@ -266,4 +300,8 @@ CASES: dict[str, tuple[int, str]] = {
     "fused_adam": (64, "32-true"),
     "mlp_16_mixed": (64, "16-mixed"),
 }
-BUILDERS = {"lstm_16_mixed": "lstm"}  # cases that reuse another case's build function
+BUILDERS = {"lstm_16_mixed": "lstm"}
+# the recurrent cases, held to the issue's 2 % on allocated memory against the GPU
+RECURRENT = {
+    name for name in CASES if name.startswith(("lstm", "gru", "rnn"))
+}  # cases that reuse another case's build function

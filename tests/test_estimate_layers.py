@@ -136,6 +136,19 @@ def test_bidirectional_lstm_with_dropout_keeps_one_dropout_state():
     ]
 
 
+def test_a_packed_sequence_runs_through_cudnn_with_its_real_lengths():
+    t = trace("lstm_packed", 32)
+    lengths = [i % (SEQ // 2) + SEQ // 2 + 1 for i in range(32)]
+    rows = sum(lengths)  # the packed data: one row per sequence step
+    assert rows * 256 * F32 in blocks(t, "new_empty.default", "forward")
+    output, hy, cy, reserve = blocks(t, "_cudnn_rnn.default")
+    assert output == rows * 512 * F32
+    assert hy == cy == 32 * 512 * F32
+    assert reserve == SEQ * 32 * 512 * 6 * F32  # the rule's bound: every step at full batch
+    # backward: a zero gradient of the padded input, the packed rows copied in
+    assert 32 * SEQ * 256 * F32 in blocks(t, "new_zeros.default", "backward")
+
+
 @pytest.mark.parametrize(
     ("name", "mode", "hidden", "layers", "first_input"),
     [("gru", rnn.GRU, 512, 1, 256), ("rnn_tanh", rnn.RNN_TANH, 256, 2, 256)],
@@ -249,7 +262,6 @@ def test_grad_scaler_state_is_made_at_the_first_scale_and_kept():
 # ---- against the GPU's recordings ---------------------------------------------------------------
 
 RECORDED = sorted((HERE / "data").glob("op_trace_h200_layer-*.json.gz"))
-RECURRENT = {"lstm", "lstm_bidirectional", "lstm_inference", "lstm_16_mixed", "gru", "rnn_tanh"}
 
 
 def _recorded_op_allocations(recording: dict, op: str) -> list[int]:
@@ -266,7 +278,7 @@ def test_layer_estimates_match_the_h200_recordings(path):
     import gzip
     import json
 
-    from layer_workloads import BUILDERS, CASES
+    from layer_workloads import BUILDERS, CASES, RECURRENT
 
     with gzip.open(path, "rt") as f:
         recording = json.load(f)

@@ -17,9 +17,7 @@ from vramscope.estimate.profiles import PROFILES
 pytestmark = pytest.mark.gpu
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
-from layer_workloads import BUILDERS, CASES  # noqa: E402
-
-RECURRENT = {"lstm", "lstm_bidirectional", "lstm_inference", "lstm_16_mixed", "gru", "rnn_tanh"}
+from layer_workloads import BUILDERS, CASES, RECURRENT  # noqa: E402
 
 
 def _profile() -> str:

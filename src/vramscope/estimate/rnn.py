@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._mode_utils import no_dispatch
 
 if TYPE_CHECKING:
     from vramscope.estimate.profiles import GpuProfile
@@ -229,14 +230,17 @@ def _nbytes(t: Any) -> int:
 class CudnnRnns(TorchFunctionMode):
     """``nn.LSTM``/``nn.GRU``/``nn.RNN`` on fake CUDA tensors take cuDNN's path."""
 
-    def __init__(self, profile: GpuProfile, recorder: Recorder) -> None:
+    def __init__(self, profile: GpuProfile, recorder: Recorder, shadows: Any = None) -> None:
         super().__init__()
         self.profile = profile
         self.recorder = recorder
+        self.shadows = shadows if shadows is not None else {}  # real values of small tensors
         self.dropout_state: Any = None
         vf = torch._C._VariableFunctions
         self._entries = {getattr(vf, name): name for name in MODES}
         self._flatten = vf._cudnn_rnn_flatten_weight
+        self._pad = vf._pad_packed_sequence
+        self._pack = vf._pack_padded_sequence
 
     def __enter__(self) -> CudnnRnns:
         # nn.RNNBase.flatten_parameters asks this before flattening; a CPU build says no
@@ -283,12 +287,38 @@ class CudnnRnns(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is self._flatten and args and _fake_cuda(args[0][0]):
             return _flatten(*args)
+        if func is self._pack and len(args) > 1 and self._values(args[1]) is not None:
+            return self._pack_padded(args[0], self._values(args[1]), *args[2:], **kwargs)
+        if func is self._pad and len(args) > 1 and self._values(args[1]) is not None:
+            return _pad_packed(args[0], self._values(args[1]), *args[2:], **kwargs)
         name = self._entries.get(func)
         if name is not None:
             result = self._rnn(name, args)
             if result is not NotImplemented:
                 return result
         return func(*args, **kwargs)
+
+    def _values(self, t: Any) -> torch.Tensor | None:
+        """The real values of a small host tensor, when the trace has them."""
+        known = self.shadows.get(t) if isinstance(t, torch.Tensor) else None
+        if known is None and getattr(t, "constant", None) is not None:
+            known = t.constant
+        return known
+
+    def _pack_padded(self, input: Any, lengths: torch.Tensor, batch_first: bool) -> Any:
+        """``_pack_padded_sequence`` (PackedSequence.cpp) from the lengths' real values: one
+        row per sequence step, and each step's batch size on the host (its values kept for
+        the recurrent layer and for unpacking); backward makes a zero gradient of the input
+        and copies the rows in, as ``_pack_padded_sequence_backward`` does."""
+        steps = [int(n) for n in lengths.tolist()]
+        sizes = [sum(1 for n in steps if n > t) for t in range(max(steps, default=0))]
+        data = _Pack.apply(input, sum(steps))
+        batch_sizes = torch.empty(len(sizes), dtype=torch.int64)
+        with no_dispatch():  # a real tensor, not one of the trace
+            values = torch.tensor(sizes, dtype=torch.int64)
+        with contextlib.suppress(TypeError):
+            self.shadows[batch_sizes] = values
+        return data, batch_sizes
 
     def _accepts(self, input: Any) -> bool:
         """``use_cudnn`` in ATen/native/RNN.cpp."""
@@ -299,11 +329,18 @@ class CudnnRnns(TorchFunctionMode):
         return input.dtype in _CUDNN_DTYPES
 
     def _rnn(self, name: str, args: tuple[Any, ...]) -> Any:
-        input, hx = args[0], args[1]
-        if isinstance(hx, torch.Tensor) and hx.dtype == torch.int64 and hx.dim() == 1:
-            return NotImplemented  # a packed sequence: the generic path
+        input, second = args[0], args[1]
+        batch_sizes: list[int] = []
+        if isinstance(second, torch.Tensor) and second.dtype == torch.int64 and second.dim() == 1:
+            # a packed sequence: (data, batch_sizes, hx, params, ...), no batch_first
+            known = self.shadows.get(second)
+            if known is None or not known.numel():
+                return NotImplemented
+            batch_sizes = [int(n) for n in known.tolist()]
+            args = (input, *args[2:], False)
         if not self._accepts(input):
             return NotImplemented
+        hx = args[1]
         params, has_biases, layers, dropout, train, bidirectional, batch_first = args[2:9]
         if name == "lstm":
             hx, cx = hx
@@ -353,10 +390,43 @@ class CudnnRnns(TorchFunctionMode):
                 dropout,
                 train,
                 bidirectional,
-                [],
+                batch_sizes,
                 dropout_state,
             )
         return (output, hy, cy) if name == "lstm" else (output, hy)
+
+
+class _Pack(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, rows: int) -> torch.Tensor:
+        ctx.input_shape = input.shape
+        return input.new_empty((rows, *input.shape[2:]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.new_zeros(ctx.input_shape), None
+
+
+def _pad_packed(
+    data: torch.Tensor,
+    batch_sizes: torch.Tensor,
+    batch_first: bool,
+    padding_value: float,
+    total_length: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_pad_packed_sequence`` (PackedSequence.cpp) with the batch sizes' real values: a
+    padded output filled step by step from the packed data, and each sequence's length."""
+    sizes = [int(n) for n in batch_sizes.tolist()]
+    batch = sizes[0] if sizes else 0
+    output = data.new_full((total_length, batch, *data.shape[1:]), padding_value)
+    offset = 0
+    for step, size in enumerate(sizes):
+        output[step, :size] = data[offset : offset + size]
+        offset += size
+    lengths = [sum(1 for size in sizes if size > b) for b in range(batch)]
+    if batch_first:
+        output = output.transpose(0, 1)
+    return output, torch.tensor(lengths, dtype=torch.int64)
 
 
 def _fake_cuda(t: Any) -> bool:

@@ -483,7 +483,7 @@ def trace_workload(
         metadata_only_initializers(mode, mode.shadows),
         mode,
         kernels.AttentionKernels(profile, recorder),
-        rnn.CudnnRnns(profile, recorder),
+        rnn.CudnnRnns(profile, recorder, mode.shadows),
     ):
         from vramscope.workload import build_workload
 
