@@ -300,8 +300,7 @@ CASES: dict[str, tuple[int, str]] = {
     "fused_adam": (64, "32-true"),
     "mlp_16_mixed": (64, "16-mixed"),
 }
+# cases that reuse another case's build function
 BUILDERS = {"lstm_16_mixed": "lstm"}
 # the recurrent cases, held to the 2 % on allocated memory against the GPU
-RECURRENT = {
-    name for name in CASES if name.startswith(("lstm", "gru", "rnn"))
-}  # cases that reuse another case's build function
+RECURRENT = {name for name in CASES if name.startswith(("lstm", "gru", "rnn"))}
