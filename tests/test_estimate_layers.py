@@ -207,6 +207,9 @@ def test_embedding_bag_outputs_as_the_cuda_kernel_makes_them(mode):
         bags * dim * 8 if mode == "max" else 0,  # max_indices, only for max
     ]
     assert blocks(t, "_embedding_bag_backward.default") == [20000 * dim * F32]
+    # sum sorts the indices and sums per segment as embedding's backward does; max does not
+    sorting = indices * 8 * 6 + indices * dim * F32
+    assert blocks(t, "embedding bag bwd") == ([sorting] if mode == "sum" else [])
 
 
 # ---- attention -------------------------------------------------------------------------------

@@ -27,9 +27,10 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   sum or mean over the leading dimensions with many values per output (a bias gradient over
   all tokens) splits each output over several thread blocks, sized by the GPU's SM count,
   whose float32 partial results wait in a staging buffer (:func:`_reduce_staging_bytes`).
-* **Embedding backward** (``Embedding.cu``, ``embedding_backward_cuda_kernel``): sorting the
-  indices takes a few int64 arrays of the index count, and the per-segment partial sums a
-  float32 row per index (an upper bound: one segment per index).
+* **Embedding and EmbeddingBag (sum, mean) backward** (``Embedding.cu``, ``EmbeddingBag.cu``,
+  ``embedding_backward_cuda_kernel``): sorting the indices takes a few int64 arrays of the
+  index count, and the per-segment partial sums a float32 row per index (an upper bound: one
+  segment per index).
 * **cuDNN convolutions** (``benchmark=False``, heuristics) on tensor-core GPUs: for a 2-D
   convolution on channels-first (NCHW) tensors the engines cuDNN 9 picks transpose to
   channels-last first, and take a workspace holding the input, the output and the weight
@@ -479,10 +480,28 @@ def after_op(
             size += _nbytes((b, lq, h, d), 4)  # float32 dQ accumulator across key blocks
         recorder.transient(size, "temporary", "efficient attention bwd")
     elif func is aten.embedding_dense_backward.default:
-        grad, indices = args[0], args[1]
-        n = indices.numel()
-        row = grad.shape[-1] if grad.dim() else 1
-        recorder.transient(n * 8 * 6 + n * row * 4, "temporary", "embedding bwd")
+        _embedding_backward(recorder, args[0], args[1], "embedding bwd")
+    elif func in _EMBEDDING_BAG_BACKWARD:
+        # sum and mean sort the indices and run embedding's backward kernel (with the bags'
+        # offsets); max scatters by the recorded arg-max, without buffers
+        mode = args[_EMBEDDING_BAG_BACKWARD[func]]
+        if mode in (0, 1) and not (func is aten._embedding_bag_backward.default and args[9]):
+            _embedding_backward(recorder, args[0], args[1], "embedding bag bwd")
+
+
+def _embedding_backward(recorder: Recorder, grad: Any, indices: Any, op: str) -> None:
+    """Sorting the indices (int64 arrays of their count) and the per-segment partial sums of
+    ``embedding_backward_cuda_kernel`` (a float32 row per index: an upper bound)."""
+    n = indices.numel()
+    row = grad.shape[-1] if grad.dim() else 1
+    recorder.transient(n * 8 * 6 + n * row * 4, "temporary", op)
+
+
+# EmbeddingBag's backward ops: the position of their ``mode`` argument (0 sum, 1 mean, 2 max)
+_EMBEDDING_BAG_BACKWARD = {
+    aten._embedding_bag_backward.default: 8,
+    aten._embedding_bag_dense_backward.default: 7,
+}
 
 
 # fused attention forwards: (index of philox seed, of offset, of dropout_p in the arguments);
@@ -516,6 +535,7 @@ _INTERESTING = frozenset(
         aten._scaled_dot_product_cudnn_attention_backward.default,
         aten._scaled_dot_product_efficient_attention_backward.default,
         aten.embedding_dense_backward.default,
+        *_EMBEDDING_BAG_BACKWARD,
         *_REDUCTIONS,
     }
 )
