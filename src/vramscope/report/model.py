@@ -96,6 +96,8 @@ class StepStats:
     duration_s: float = 0.0
     start_s: float = 0.0  # seconds since the session began
     phases: list[PhaseStats] = field(default_factory=list)
+    count: int = 1  # steps this entry stands for (a long run's later steps merged in pairs)
+    last_index: int | None = None  # the last of them when merged
 
 
 @dataclass
