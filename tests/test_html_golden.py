@@ -1,8 +1,9 @@
 """The HTML pages stay as they were: each sample renders exactly as its committed golden file.
 
-A golden file is the page with the embedded plotly.js left out (it is the installed
-package's, checked in test_html.py) and the chart data printed one value a line, so a
-change shows as a readable diff. After a change to a page that is meant, rewrite them with
+A golden file is the page without the embedded plotly.js (the installed package's, checked
+in test_html.py), CSS and JavaScript (the package's own files), and with the chart data
+printed one value a line, so that a change shows as a readable diff. After a change to the
+pages that is meant, rewrite them with
 ``VRAMSCOPE_UPDATE_GOLDEN=1 python -m pytest tests/test_html_golden.py`` and read the diff.
 """
 
@@ -20,12 +21,14 @@ import pytest
 
 from vramscope.report import html
 from vramscope.report.diff import diff_reports, render_html
+from vramscope.report.html.environment import asset
 from vramscope.report.model import Finding, OomInfo, Report
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "html_golden"
 XSS = "<script>alert(1)</script>"
 GIB, MIB = 2**30, 2**20
+ASSETS = ("report.css", "loader.js")
 
 
 def load(name: str) -> Report:
@@ -112,8 +115,6 @@ def diff_page() -> str:
 
 
 PAGES: dict[str, Callable[[], str]] = {
-    "h200_gpt": lambda: html.render(load("report_h200_gpt.json")),
-    "h200_leak": lambda: html.render(load("report_h200_leak.json")),
     "estimate_with_everything": lambda: html.render(estimate_with_everything()),
     "out_of_memory": lambda: html.render(out_of_memory()),
     "empty": lambda: html.render(Report()),
@@ -122,10 +123,11 @@ PAGES: dict[str, Callable[[], str]] = {
 
 
 def golden_text(page: str) -> str:
-    """The page without plotly.js, its chart data one value a line."""
+    """The page without plotly.js and the assets, its chart data one value a line."""
     _, payload = html.plotlyjs_payload()
-    assert page.count(payload) == 1
-    page = page.replace(payload, "(plotly.js)")
+    for name, text in (("plotly.js", payload), *((a, asset(a)) for a in ASSETS)):
+        assert page.count(text) == 1, name
+        page = page.replace(text, f"({name})")
     found = re.search(r'(<script type="application/json" id="vs-figures">)(.*?)(</script>)', page)
     assert found is not None
     figures = json.dumps(json.loads(found.group(2)), indent=0, ensure_ascii=False)
