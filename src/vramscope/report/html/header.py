@@ -15,7 +15,7 @@ def workload_title(report: Report) -> str:
     return str(w.get("spec") or w.get("script") or w.get("name") or "tracked code")
 
 
-def header(report: Report) -> dict[str, Any]:
+def context(report: Report) -> dict[str, Any]:
     """Title, arguments, device line, chips and the peak cards of ``templates/header.html``."""
     w, d = report.workload, report.device
     chips = [report.kind]

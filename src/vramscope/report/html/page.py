@@ -1,4 +1,4 @@
-"""The whole report page: its sections in reading order, the table of contents, the footer."""
+"""The whole report page: its sections in reading order and the table of contents."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def render(report: Report, compress_plotlyjs: bool = True) -> str:
     cards = sections(report, figures)
     return render_template(
         "report.html",
-        header=header.header(report),
+        header=header.context(report),
         peakline=header.explain_peak(report),
         unavailable=header.unavailable(report),
         sections=cards,
