@@ -146,4 +146,7 @@ result = {
     "graphs": counters["stats"].get("unique_graphs", 0),
     "graph_breaks": sum(counters["graph_break"].values()),
 }
+if device.type == "cuda":
+    result["max_allocated"] = torch.cuda.max_memory_allocated()
+    result["max_reserved"] = torch.cuda.max_memory_reserved()
 print("RESULT " + json.dumps(result, sort_keys=True))

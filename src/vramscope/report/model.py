@@ -141,6 +141,10 @@ class Reconciliation:
     allocated_bytes: int | None = None
     slack: AllocatorSlack = field(default_factory=AllocatorSlack)
     reserved_bytes: int | None = None
+    # part of reserved held in private pools (CUDA graphs, torch.compile's reduce-overhead,
+    # torch.cuda.MemPool): kept for replays, never returned to the shared cache
+    private_pools_bytes: int | None = None
+    private_pools_allocated_bytes: int | None = None
     context_and_libraries_bytes: int | None = None  # device_used − reserved
     device_used_bytes: int | None = None
     other_processes_bytes: int | None = None

@@ -82,6 +82,29 @@ def read(device_index: int) -> AllocatorReading:
     return reading_from_stats(raw_stats(device_index))
 
 
+def private_pools(segments: list[dict[str, Any]], device_index: int) -> dict[str, int]:
+    """Reserved and allocated bytes in private pools (CUDA graphs, ``torch.cuda.MemPool``),
+    from a memory snapshot's segments; pool ``(0, 0)`` is the shared cache."""
+    reserved = allocated = count = 0
+    pools: set[tuple[int, ...]] = set()
+    for segment in segments:
+        if segment.get("device", device_index) != device_index:
+            continue
+        pool = tuple(segment.get("segment_pool_id") or (0, 0))
+        if pool == (0, 0):
+            continue
+        pools.add(pool)
+        count += 1
+        reserved += int(segment.get("total_size", 0))
+        allocated += int(segment.get("allocated_size", 0))
+    return {
+        "reserved_bytes": reserved,
+        "allocated_bytes": allocated,
+        "segments": count,
+        "pools": len(pools),
+    }
+
+
 def _peaks(stats: dict[str, Any], prefix: str = "") -> dict[str, int]:
     """Every ``…peak`` value in a nested stats dict, keyed by its dotted path."""
     found: dict[str, int] = {}

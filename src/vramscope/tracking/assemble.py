@@ -78,6 +78,10 @@ def assemble_report(session: Session) -> Report:
     full_gradients = max(final.get("full_gradients", 0), final.get("full_gradients_seen", 0))
     if cuda and reading is not None:
         end = _reconcile_end(session, reading, objects, final.get("nvml"))
+        pools = final.get("private_pools") or _pools_from_attribution(session)
+        if pools is not None:
+            end.private_pools_bytes = pools["reserved_bytes"]
+            end.private_pools_allocated_bytes = pools["allocated_bytes"]
         report.reconciliation.append(end)
         context = end.context_and_libraries_bytes
         report.startup.context_and_libraries_bytes = context
@@ -132,6 +136,16 @@ def assemble_report(session: Session) -> Report:
         }
     add_findings(report)
     return report
+
+
+def _pools_from_attribution(session: Session) -> dict[str, int] | None:
+    from vramscope.sources.allocator import private_pools
+
+    recorder = session._attribution
+    raw = recorder.raw_snapshot() if recorder is not None else None
+    if raw is None or session._device_index is None:
+        return None
+    return private_pools(raw.get("segments", []), session._device_index)
 
 
 def _tracking_notes(session: Session) -> list[str]:
@@ -376,6 +390,8 @@ def _reconcile_peak(
             rounding_bytes=rounding,
         ),
         reserved_bytes=peak.reserved_bytes,
+        private_pools_bytes=end.private_pools_bytes,
+        private_pools_allocated_bytes=end.private_pools_allocated_bytes,
         context_and_libraries_bytes=end.context_and_libraries_bytes,
         device_used_bytes=peak.device_used_bytes,
         other_processes_bytes=end.other_processes_bytes,

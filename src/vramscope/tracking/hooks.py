@@ -18,7 +18,8 @@ Every wrapper returns at once while ``torch.compile`` traces (``torch.compiler.i
 before it reads anything of ours, so dynamo never traces vramscope: no graph break, no guard,
 no recompilation. Wrappers live on classes, not instances, so a model can still be deep-copied
 or pickled while tracked (and its pickle never refers to vramscope). Other recorders (the
-per-module attribution) receive every call of a wrapped class through :func:`add_listener`.
+per-module attribution) receive every call of a wrapped class, and what it returned, through
+:func:`add_listener`.
 Everything is undone when the last hook set is removed, also when the run raised.
 """
 
@@ -113,18 +114,20 @@ def _enter_all(listeners: tuple[Any, ...], module: torch.nn.Module) -> None:
         listener._enter(module)
 
 
-def _exit_all(listeners: tuple[Any, ...], module: torch.nn.Module) -> None:
-    for listener in listeners:
-        listener._exit(module)
+def _exit_all(listeners: tuple[Any, ...], module: torch.nn.Module, output: Any) -> None:
+    for listener in reversed(listeners):
+        listener._exit(module, output)
 
 
 def _calling(module: torch.nn.Module, call: Any, args: Any, kwargs: Any) -> Any:
     listeners = _LISTENERS
     _outside_dynamo(_enter_all, listeners, module)
+    output = None
     try:
-        return call(module, *args, **kwargs)
+        output = call(module, *args, **kwargs)
+        return output
     finally:
-        _outside_dynamo(_exit_all, listeners, module)
+        _outside_dynamo(_exit_all, listeners, module, output)
 
 
 def wrap_class(cls: type) -> None:
@@ -258,7 +261,7 @@ class GlobalHooks:
                 self._forwards_since_discovery += 1
             self.listener.on_forward_start(module)
 
-    def _exit(self, module: torch.nn.Module) -> None:
+    def _exit(self, module: torch.nn.Module, output: Any = None) -> None:
         if self.depth > 0:
             self.depth -= 1
             if self.depth == 0 and not self.in_backward:

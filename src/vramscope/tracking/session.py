@@ -33,6 +33,7 @@ from vramscope.tracking.sampler import Sample, Sampler
 
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_PHASE_BANDS = 20_000
+NVML_PROCESS_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -184,6 +185,7 @@ class Session:
         status: bool = True,
         hooks: bool = True,
         manual_steps: bool = False,
+        manual_epochs: bool = False,
         depth: int = 3,
         lines_of: list[Any] | None = None,
         snapshot: str | None = None,
@@ -229,7 +231,7 @@ class Session:
         self._dropped_markers = 0
         self._epoch = 0
         self._explicit_steps = manual_steps
-        self._explicit_epochs = False
+        self._explicit_epochs = manual_epochs
         self._force_new_step = False
         self._main_loader: Callable[[], Any] | None = None
         self._main_loader_iters = 0
@@ -246,6 +248,13 @@ class Session:
         self._optimizer_state: dict[int, int] = {}  # id(optimizer) -> its state's bytes
         self._census_due = False  # an optimizer whose state is not yet counted
         self._unseen_forwards = 0
+        # peaks of the phase that is open, from before a window() reset its counters
+        self._carry_allocated = 0
+        self._carry_reserved = 0
+        self._window_allocated = -1  # peaks since the last window()
+        self._window_reserved = -1
+        self._nvml_read_at = -1e9  # when the sampler last asked NVML for our process's memory
+        self._context_bytes: int | None = None  # device used - reserved, at that reading
         self._notes: list[str] = []
         self._exit: dict[str, Any] = {"status": "ok", "code": 0, "error": None}
         self._oom: dict[str, Any] | None = None
@@ -359,6 +368,35 @@ class Session:
                 self._optimizers.add(obj)
                 self._census_due = True
 
+    def window(self) -> dict[str, int | None]:
+        """The peaks since the previous ``window()`` (or the start), for metrics logged per
+        step: ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``allocated_bytes``,
+        ``reserved_bytes`` (None without CUDA) and ``host_rss_bytes``.
+
+        Exact and harmless: the phase that is open keeps its own peak, and the user's
+        ``torch.cuda.max_memory_allocated()`` is not touched.
+        """
+        result: dict[str, int | None] = dict.fromkeys(
+            ("peak_allocated_bytes", "peak_reserved_bytes", "allocated_bytes", "reserved_bytes")
+        )
+        result["host_rss_bytes"] = self._rss_main.read()
+        if not self._running:
+            return result
+        light = self._read_light(reset=True)
+        if light is None:
+            return result
+        allocated, peak_allocated, peak_reserved, raw = light
+        self._carry_allocated = max(self._carry_allocated, peak_allocated)
+        self._carry_reserved = max(self._carry_reserved, peak_reserved)
+        result.update(
+            peak_allocated_bytes=max(self._window_allocated, peak_allocated),
+            peak_reserved_bytes=max(self._window_reserved, peak_reserved),
+            allocated_bytes=allocated,
+            reserved_bytes=raw["reserved_bytes"]["all"]["current"],
+        )
+        self._window_allocated = self._window_reserved = -1
+        return result
+
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Mark a region of your own as a phase (``data``, ``other``, or any name)."""
@@ -433,14 +471,26 @@ class Session:
         )
 
     def _sample(self, t: float) -> Sample:
+        """One timeline sample (on the sampler's thread).
+
+        NVML's per-process query is slow and takes the driver's locks, so it runs at most
+        every ``NVML_PROCESS_INTERVAL_S``; in between, device used is reserved plus the
+        context and libraries measured at the last query.
+        """
         allocated = reserved = used = None
         if self._device_index is not None or (self._running and self._ensure_device()):
             stats = allocator.raw_stats(self._device_index)
             allocated = allocator._all(stats, "allocated_bytes", "current")
             reserved = allocator._all(stats, "reserved_bytes", "current")
             if self._nvml_device is not None:
-                with contextlib.suppress(Exception):
-                    used = self._nvml_device.process_used_bytes()
+                if t - self._nvml_read_at >= NVML_PROCESS_INTERVAL_S:
+                    self._nvml_read_at = t
+                    with contextlib.suppress(Exception):
+                        used = self._nvml_device.process_used_bytes()
+                    if used is not None:
+                        self._context_bytes = used - reserved
+                elif self._context_bytes is not None:
+                    used = reserved + self._context_bytes
         return (t - self._t0, allocated, reserved, used, self._rss_sampler.read())
 
     def _tick(self, sample: Sample) -> None:
@@ -513,6 +563,14 @@ class Session:
         stats.duration_s += now - phase.start_s
         if light is not None:
             allocated, peak_allocated, peak_reserved, raw = light
+            if self._carry_allocated or self._carry_reserved:
+                peak_allocated = max(peak_allocated, self._carry_allocated)
+                peak_reserved = max(peak_reserved, self._carry_reserved)
+                self._carry_allocated = self._carry_reserved = 0
+            if peak_allocated > self._window_allocated:
+                self._window_allocated = peak_allocated
+            if peak_reserved > self._window_reserved:
+                self._window_reserved = peak_reserved
             if stats.peak_allocated_bytes is None or peak_allocated > stats.peak_allocated_bytes:
                 stats.peak_allocated_bytes = peak_allocated
             if stats.peak_reserved_bytes is None or peak_reserved > stats.peak_reserved_bytes:
@@ -540,7 +598,12 @@ class Session:
         step.end_s = now
         step.end_allocated = light[0] if light is not None else None
         self._step = None
-        if step.forwards == 0 and step.backwards == 0 and not step.saw_optimizer:
+        if (
+            step.forwards == 0
+            and step.backwards == 0
+            and not step.saw_optimizer
+            and step is not self._peak_record
+        ):
             return  # only data loading (the loader's last, empty fetch) or nothing
         self._steps.append(step)
         if step.forwards and self._hooks is not None:
@@ -611,6 +674,8 @@ class Session:
             or (self._phase is None or self._phase.name != "forward")
         ):
             self._transition("forward", new_step=new_step)
+        if self._attribution is not None:  # attribution: mark the model's modules
+            self._attribution.on_root(module)
         step = self._step
         if step is not None:
             if step.forwards == 0:
@@ -716,6 +781,10 @@ class Session:
         self._count_objects()
         final["objects_seen"] = self._objects_seen
         final["full_gradients_seen"] = self._full_gradients_seen
+        if reading is not None and self._attribution is None:  # attribution snapshots itself
+            with contextlib.suppress(Exception):
+                segments = torch.cuda.memory_snapshot()
+                final["private_pools"] = allocator.private_pools(segments, self._device_index)
         if self._nvml_device is not None:
             with contextlib.suppress(Exception):
                 final["nvml"] = {
