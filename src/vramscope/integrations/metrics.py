@@ -13,14 +13,14 @@ PREFIX = "vramscope/"
 
 
 def unwrap_optimizer(optimizer: object) -> torch.optim.Optimizer | None:
-    """The torch optimizer inside a framework's wrapper (Lightning's ``LightningOptimizer``,
-    accelerate's ``AcceleratedOptimizer``, which keep it as ``.optimizer``)."""
-    seen = 0
-    while not isinstance(optimizer, torch.optim.Optimizer) and seen < 8:
+    """The torch optimizer inside a framework's wrapper: Lightning's ``LightningOptimizer``
+    and accelerate's ``AcceleratedOptimizer`` pass as optimizers themselves and keep the
+    real one as ``.optimizer``."""
+    for _ in range(8):
         inner = getattr(optimizer, "optimizer", None)
-        if inner is None or inner is optimizer:
-            return None
-        optimizer, seen = inner, seen + 1
+        if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
+            break
+        optimizer = inner
     return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
 
 
