@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
 # pytester drops the modules imported during a test when the test ends; a torch module first
 # imported there would later be imported a second time, which torch's operator registry refuses
@@ -191,5 +190,6 @@ def test_the_plugin_loads_without_importing_torch():
 
 
 def test_pytest_finds_the_plugin_by_its_entry_point():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["project"]["entry-points"]["pytest11"] == {"vramscope": PLUGIN}
