@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -61,3 +62,28 @@ def test_metrics_are_named_for_what_they_are_in_mib():
         "vramscope/epoch_peak_allocated_mib": 3.5,
         "vramscope/epoch_host_rss_mib": 1024.0,
     }
+
+
+def test_a_second_run_in_the_same_directory_starts_its_files_afresh(tmp_path):
+    from vramscope.integrations.training import TrainingRun
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = TrainingRun(html=False)
+    for epochs in (3, 1):
+        run.start({"spec": f"{epochs} epochs"}, tmp_path)
+        run.watch(model, [optimizer])
+        run.built()
+        for _ in range(epochs):
+            for _ in range(2):
+                model(torch.randn(2, 4)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                run.train_step()
+            run.end_epoch()
+        run.finish()
+    lines = (tmp_path / "vramscope.epochs.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [0]
+    report = Report.load(tmp_path / "vramscope.json")
+    assert report.workload["spec"] == "1 epochs"
+    assert [(s.epoch, s.mode) for s in report.steps] == [(0, "train"), (0, "train")]

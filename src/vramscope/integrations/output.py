@@ -26,11 +26,14 @@ def save_report(report: Report, directory: str | Path, stem: str, html: bool = T
     return written
 
 
-def append_epoch(directory: str | Path, stem: str, summary: dict[str, Any]) -> Path:
-    """Add one epoch's summary as a JSON line to ``STEM.epochs.jsonl`` (kept if the job dies)."""
+def append_epoch(
+    directory: str | Path, stem: str, summary: dict[str, Any], first: bool = False
+) -> Path:
+    """Add one epoch's summary as a JSON line to ``STEM.epochs.jsonl`` (kept if the job dies);
+    the ``first`` epoch of a run starts the file afresh."""
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     path = target / f"{stem}.epochs.jsonl"
-    with path.open("a", encoding="utf-8") as out:
+    with path.open("w" if first else "a", encoding="utf-8") as out:
         out.write(json.dumps(summary) + "\n")
     return path

@@ -126,7 +126,7 @@ class TrainingRun:
         figures = dict(self.window.epoch_peaks)
         summary: dict[str, Any] = {"epoch": self._epoch, "steps": self._epoch_train_steps}
         summary.update({f"{key}_bytes": value for key, value in figures.items()})
-        append_epoch(self.directory, self.stem, summary)
+        append_epoch(self.directory, self.stem, summary, first=self._epoch == 0)
         if self.print_report and self.is_main:
             print(epoch_line(self._epoch, self._epoch_train_steps, figures), flush=True)
         self.session.epoch()
