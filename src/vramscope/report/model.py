@@ -258,13 +258,13 @@ class Report:
         """Jupyter shows a report as a short table; ``vramscope.report.html`` is the full page."""
         from vramscope.report.summary import to_html
 
-        return to_html(self)
+        return to_html(self.to_dict())
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         """IPython prints a report as a few lines rather than every field."""
         from vramscope.report.summary import to_text
 
-        printer.text("Report(...)" if cycle else to_text(self))
+        printer.text("Report(...)" if cycle else to_text(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Report:

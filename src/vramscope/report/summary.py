@@ -1,64 +1,74 @@
-"""A Report in a few lines for notebooks and the REPL: an escaped HTML table, or plain text."""
+"""A Report in a few lines for notebooks and the REPL: an escaped HTML table, or plain text.
+
+It reads the report's JSON form (``Report.to_dict()`` or a loaded file), so the model can
+offer it without the two modules importing each other.
+"""
 
 from __future__ import annotations
 
 import html
+from typing import Any
 
-from vramscope.report.model import CATEGORY_NAMES, Report
 from vramscope.units import format_bytes
 
 MAX_FINDINGS = 5
 
 
-def title(report: Report) -> str:
-    w, d = report.workload, report.device
+def title(report: dict[str, Any]) -> str:
+    w, d = report.get("workload") or {}, report.get("device") or {}
     spec = w.get("spec") or w.get("script") or w.get("name") or "tracked code"
     device = str(d.get("name") or d.get("type") or "?")
     if d.get("total_bytes"):
         device += f" ({format_bytes(d['total_bytes'])})"
-    return f"vramscope · {report.kind} · {spec} · {device}"
+    return f"vramscope · {report.get('kind', 'measured')} · {spec} · {device}"
 
 
-def rows(report: Report) -> list[tuple[str, str]]:
-    """(label, value) pairs: the peak, what it is made of, steps and epochs, how it ended."""
-    p = report.peak
-    where = f" at step {p.step}, {p.phase}" if p.step is not None and p.phase else ""
-    found: list[tuple[str, str]] = []
-    if p.allocated_bytes is not None:
-        found.append(("peak allocated", format_bytes(p.allocated_bytes) + where))
-        found.append(("peak reserved", format_bytes(p.reserved_bytes)))
-    if p.device_used_bytes is not None:
-        found.append(("device used (nvidia-smi)", format_bytes(p.device_used_bytes)))
-    if p.host_rss_bytes is not None:
-        found.append(("host RSS (process tree)", format_bytes(p.host_rss_bytes)))
-    cats = report.categories_at_peak
-    total = cats.total()
+def _categories(categories: dict[str, Any]) -> str:
+    values = {name: value for name, value in categories.items() if value}
+    total = sum(values.values())
     parts = []
-    for name in CATEGORY_NAMES:
-        value = getattr(cats, name)
-        if value:
-            share = 100 * value / total if total else None
-            share = "" if share is None else f" ({share:.0f}%)" if share >= 1 else " (<1%)"
-            parts.append(f"{name.replace('_', ' ')} {format_bytes(value)}{share}")
-    if parts:
-        found.append(("at the peak", ", ".join(parts)))
-    if report.steps:
-        train = sum(s.mode == "train" for s in report.steps)
-        steps = f"{len(report.steps)} ({train} train, {len(report.steps) - train} eval)"
-        if len(report.epochs) > 1:
-            steps += f" in {len(report.epochs)} epochs"
-        found.append(("steps", steps))
-    if report.exit.status != "ok":
-        found.append(("run ended", f"{report.exit.status}: {report.exit.error or ''}".rstrip()))
+    for name, value in values.items():
+        share = 100 * value / total
+        shown = f"{share:.0f}%" if share >= 1 else "<1%"
+        parts.append(f"{name.replace('_', ' ')} {format_bytes(value)} ({shown})")
+    return ", ".join(parts)
+
+
+def rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) pairs: the peak, what it is made of, steps and epochs, how it ended."""
+    p = report.get("peak") or {}
+    where = f" at step {p['step']}, {p['phase']}" if p.get("phase") else ""
+    found: list[tuple[str, str]] = []
+    if p.get("allocated_bytes") is not None:
+        found.append(("peak allocated", format_bytes(p["allocated_bytes"]) + where))
+        found.append(("peak reserved", format_bytes(p.get("reserved_bytes"))))
+    if p.get("device_used_bytes") is not None:
+        found.append(("device used (nvidia-smi)", format_bytes(p["device_used_bytes"])))
+    if p.get("host_rss_bytes") is not None:
+        found.append(("host RSS (process tree)", format_bytes(p["host_rss_bytes"])))
+    made_of = _categories(report.get("categories_at_peak") or {})
+    if made_of:
+        found.append(("at the peak", made_of))
+    steps = report.get("steps") or []
+    if steps:
+        train = sum(s.get("mode") == "train" for s in steps)
+        text = f"{len(steps)} ({train} train, {len(steps) - train} eval)"
+        if len(report.get("epochs") or []) > 1:
+            text += f" in {len(report['epochs'])} epochs"
+        found.append(("steps", text))
+    end = report.get("exit") or {}
+    if end.get("status", "ok") != "ok":
+        found.append(("run ended", f"{end['status']}: {end.get('error') or ''}".rstrip()))
     return found
 
 
-def notes(report: Report) -> list[tuple[str, str]]:
+def notes(report: dict[str, Any]) -> list[tuple[str, str]]:
     """(severity, message): the findings first, then why CUDA figures are missing."""
-    found = [(f.severity, f.message) for f in report.findings[:MAX_FINDINGS]]
-    if len(report.findings) > MAX_FINDINGS:
-        found.append(("info", f"{len(report.findings) - MAX_FINDINGS} more findings in the report"))
-    why = report.unavailable.get("peak.allocated_bytes")
+    findings = report.get("findings") or []
+    found = [(f.get("severity", "info"), f.get("message", "")) for f in findings[:MAX_FINDINGS]]
+    if len(findings) > MAX_FINDINGS:
+        found.append(("info", f"{len(findings) - MAX_FINDINGS} more findings in the report"))
+    why = (report.get("unavailable") or {}).get("peak.allocated_bytes")
     if why:
         found.append(("info", f"CUDA figures n/a: {why}"))
     return found
@@ -67,7 +77,7 @@ def notes(report: Report) -> list[tuple[str, str]]:
 _COLORS = {"error": "#b91c1c", "warning": "#a16207", "info": "#374151"}
 
 
-def to_html(report: Report) -> str:
+def to_html(report: dict[str, Any]) -> str:
     """A small table (no scripts, no plotly); every text from the run is escaped."""
     e = html.escape
     cells = "".join(
@@ -87,9 +97,10 @@ def to_html(report: Report) -> str:
     )
 
 
-def to_text(report: Report) -> str:
+def to_text(report: dict[str, Any]) -> str:
+    found = rows(report)
+    width = max((len(label) for label, _ in found), default=0)
     lines = [title(report)]
-    width = max((len(label) for label, _ in rows(report)), default=0)
-    lines += [f"  {label.ljust(width)}  {value}" for label, value in rows(report)]
+    lines += [f"  {label.ljust(width)}  {value}" for label, value in found]
     lines += [f"  • {message}" for _, message in notes(report)]
     return "\n".join(lines)
