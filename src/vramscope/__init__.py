@@ -38,6 +38,13 @@ _LAZY = {
 }
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext vramscope`` in IPython or Jupyter: adds the ``%%vramscope`` cell magic."""
+    from vramscope.integrations.ipython import load_ipython_extension as load
+
+    load(ipython)
+
+
 def __getattr__(name: str) -> Any:
     """Import the public API lazily, so ``vramscope info`` starts without loading torch."""
     if name in ("devices", "estimate", "fit"):  # callable modules: vramscope.fit(...) and

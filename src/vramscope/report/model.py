@@ -258,6 +258,18 @@ class Report:
             )
         return _build(cls, data)
 
+    def _repr_html_(self) -> str:
+        """Jupyter shows a report as a short table; ``vramscope.report.html`` is the full page."""
+        from vramscope.report.summary import to_html
+
+        return to_html(self.to_dict())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython prints a report as a few lines rather than every field."""
+        from vramscope.report.summary import to_text
+
+        printer.text("Report(...)" if cycle else to_text(self.to_dict()))
+
     @classmethod
     def load(cls, path: str | Path) -> Report:
         source = Path(path)
