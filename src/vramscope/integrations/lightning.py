@@ -6,8 +6,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from vramscope.integrations.metrics import as_metrics
 from vramscope.integrations.training import TrainingRun
 
@@ -91,9 +89,6 @@ class VramscopeCallback(Callback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         # the model is on its device and configure_optimizers has run
         self.run.watch(pl_module, list(trainer.optimizers))
-        device = getattr(pl_module, "device", None)
-        if isinstance(device, torch.device):
-            self.run.window.device = device
         self.run.built()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vramscope.sources.host import ProcessTreeRss
+from vramscope.tracking.session import Session
 
 MIB = 1024**2
 PREFIX = "vramscope/"
@@ -32,49 +32,36 @@ def _mib(n: int) -> float:
 class LogWindow:
     """Memory between two log lines of a trainer.
 
-    On a CUDA device already in use, the window resets torch's peak counters when it opens
-    (``torch.cuda.reset_peak_memory_stats``, which vramscope's own tracking is immune to) and
-    reads ``max_memory_allocated``/``max_memory_reserved`` when it closes: one stats read per
-    log line, nothing per step. Host RSS of the process tree is read at every close; on the
-    CPU that is the only figure. The largest values since :meth:`start_epoch` are kept for
-    the epoch summary.
+    The figures come from :meth:`Session.window`: the exact peaks since the previous line,
+    one allocator read per log line and nothing per step, and nothing the user reads is
+    reset (their own ``torch.cuda.max_memory_allocated()`` stays theirs). Host RSS of the
+    process is read at every close; on the CPU that is the only figure. The largest values
+    since :meth:`start_epoch` are kept for the epoch summary.
     """
 
-    device: torch.device | None = None
+    session: Session | None = None
     epoch_peaks: dict[str, int] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self._rss = ProcessTreeRss()
-
-    def _cuda_index(self) -> int | None:
-        if self.device is not None and self.device.type != "cuda":
-            return None
-        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-            return None  # never create a CUDA context for a figure
-        if self.device is not None and self.device.index is not None:
-            return self.device.index
-        return torch.cuda.current_device()
-
     def open(self) -> None:
-        index = self._cuda_index()
-        if index is not None:
-            torch.cuda.reset_peak_memory_stats(index)
+        if self.session is not None:
+            self.session.window()  # what came before belongs to no line
 
     def close(self) -> dict[str, int]:
         """Bytes since the window opened: ``peak_allocated``, ``peak_reserved`` and
         ``allocated`` (CUDA only), ``host_rss``; then the window opens again."""
+        if self.session is None:
+            return {}
+        window = self.session.window()
         figures: dict[str, int] = {}
-        index = self._cuda_index()
-        if index is not None:
-            stats = torch.cuda.memory_stats(index)
-            figures["peak_allocated"] = int(stats.get("allocated_bytes.all.peak", 0))
-            figures["peak_reserved"] = int(stats.get("reserved_bytes.all.peak", 0))
-            figures["allocated"] = int(stats.get("allocated_bytes.all.current", 0))
-        figures["host_rss"] = self._rss.read()
+        if window["peak_allocated_bytes"] is not None:
+            figures["peak_allocated"] = int(window["peak_allocated_bytes"])
+            figures["peak_reserved"] = int(window["peak_reserved_bytes"] or 0)
+            figures["allocated"] = int(window["allocated_bytes"] or 0)
+        if window["host_rss_bytes"] is not None:
+            figures["host_rss"] = int(window["host_rss_bytes"])
         for key in ("peak_allocated", "peak_reserved", "host_rss"):
             if key in figures:
                 self.epoch_peaks[key] = max(self.epoch_peaks.get(key, 0), figures[key])
-        self.open()
         return figures
 
     def start_epoch(self) -> None:

@@ -70,6 +70,7 @@ class TrainingRun:
             detail=self.detail,
             depth=self.depth,
             manual_steps=True,
+            manual_epochs=True,  # epochs come from the trainer's hooks only
         )
         self.report = None
         self.files = []
@@ -77,13 +78,8 @@ class TrainingRun:
         self.stem = file_stem(self.filename, rank, world_size)
         self.is_main = rank == 0
         self.train_steps = self._epoch_train_steps = self._epoch = 0
-        self.window = LogWindow(device=device)
+        self.window = LogWindow(session=self.session)
         self.session.start()
-        # Epochs come from the trainer's hooks only: the Session counts a DataLoader's new pass
-        # as an epoch until epoch() is first called, and a validation set that was iterated
-        # first (Lightning's sanity check) would split epoch 0. The report is renumbered from
-        # 0 in finish().
-        self.session.epoch()
         atexit.register(self._finish_at_exit)
         return self.session
 
@@ -145,7 +141,7 @@ class TrainingRun:
             self.session.record_exception(exception)
         elif error is not None:
             self.session.set_exit("error", 1, error)
-        self.report = _renumber_epochs(self.session.report())
+        self.report = self.session.report()
         self.files = save_report(self.report, self.directory, self.stem, html=self.html)
         if self.print_report and self.is_main:
             from vramscope.report.terminal import print_report
@@ -158,20 +154,3 @@ class TrainingRun:
         if self.running:
             exception = getattr(sys, "last_value", None)
             self.finish(exception, error=None if exception else "training did not finish")
-
-
-def _renumber_epochs(report: Report) -> Report:
-    """Undo the epoch mark made at start: the trainer's first epoch is epoch 0."""
-    from vramscope.report.aggregate import epochs_of
-
-    for step in report.steps:
-        step.epoch = max(0, step.epoch - 1)
-    report.epochs = epochs_of(report.steps)
-    markers = report.timeline.markers
-    first = next((i for i, m in enumerate(markers) if m.get("kind") == "epoch"), None)
-    if first is not None:
-        del markers[first]
-    for marker in markers:
-        if marker.get("kind") == "epoch":
-            marker["index"] -= 1
-    return report
