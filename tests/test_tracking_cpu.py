@@ -147,3 +147,36 @@ def test_profile_decorator_keeps_the_report():
 
     assert train() == "done"
     assert len(train.last_report.steps) == 2
+
+
+class _Numbers(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import time
+
+        time.sleep(0.01)
+        return torch.full((4,), float(i))
+
+
+_WORKER_BALLAST: list[bytes] = []
+
+
+def _hold_memory(_worker_id: int) -> None:
+    _WORKER_BALLAST.append(b"x" * (128 * 2**20))  # written pages: resident in the worker
+
+
+def test_host_memory_includes_dataloader_workers():
+    import psutil
+
+    main_rss = psutil.Process().memory_info().rss
+    loader = torch.utils.data.DataLoader(
+        _Numbers(), batch_size=4, num_workers=2, worker_init_fn=_hold_memory
+    )
+    model = torch.nn.Linear(4, 1)
+    with vramscope.track(interval_s=0.05) as session:
+        for x in loader:
+            model(x).sum().backward()
+    report = session.report()
+    assert report.peak.host_rss_bytes > main_rss + 2 * 100 * 2**20

@@ -151,3 +151,21 @@ def test_oom_inside_run_leaves_an_oom_report(tmp_path: Path) -> None:
     assert report["oom"]["requested_bytes"] == 1 << 46
     assert report["oom"]["total_bytes"] > 0
     assert any(f["kind"] == "oom" for f in report["findings"])
+
+
+def test_side_stream_allocations_count_in_the_peak() -> None:
+    model = torch.nn.Linear(1024, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with vramscope.track() as session:
+        x = torch.randn(256, 1024, device="cuda")
+        with torch.cuda.stream(side):
+            staged = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+            staged.fill_(1)
+        side.synchronize()
+        del staged
+        model(x).sum().backward()
+    report = session.report()
+    assert report.peak.allocated_bytes == torch.cuda.max_memory_allocated()
+    assert report.peak.allocated_bytes >= 64 * 2**20

@@ -32,7 +32,7 @@ from vramscope.tracking.hooks import GlobalHooks
 from vramscope.tracking.sampler import Sample, Sampler
 
 F = TypeVar("F", bound=Callable[..., Any])
-MAX_PHASE_BANDS = 20_000
+MAX_PHASE_BANDS = 10_000  # timeline bands and markers kept (the first ones)
 NVML_PROCESS_INTERVAL_S = 1.0
 
 
@@ -116,7 +116,7 @@ class StepHistory:
     pairwise, keeping each phase's highest peak, so no peak is lost.
     """
 
-    def __init__(self, capacity: int = 4096, head: int = 256) -> None:
+    def __init__(self, capacity: int = 2048, head: int = 128) -> None:
         self.capacity = max(capacity, head + 16)
         self.head = head
         self.records: list[StepRecord] = []
@@ -598,6 +598,7 @@ class Session:
         step.end_s = now
         step.end_allocated = light[0] if light is not None else None
         self._step = None
+        step.forward_modules.clear()  # needed only while the step is open
         if (
             step.forwards == 0
             and step.backwards == 0
