@@ -549,6 +549,8 @@ class Session:
         phase, step = self._phase, self._step
         self._phase = None
         if phase is None or step is None:
+            if light is not None:  # before the first phase: still part of the run's peak
+                self._peak_outside_phases(light)
             return
         name = phase.name
         stats = step.phases.get(name)
@@ -590,6 +592,20 @@ class Session:
         if name == "optimizer" and self._census_due:
             self._census_due = False
             self._count_objects()
+
+    def _peak_outside_phases(self, light: _Light) -> None:
+        _allocated, peak_allocated, peak_reserved, raw = light
+        peak_allocated = max(peak_allocated, self._carry_allocated)
+        peak_reserved = max(peak_reserved, self._carry_reserved)
+        self._carry_allocated = self._carry_reserved = 0
+        self._window_allocated = max(self._window_allocated, peak_allocated)
+        self._window_reserved = max(self._window_reserved, peak_reserved)
+        self._peak_reserved = max(self._peak_reserved, peak_reserved)
+        if peak_allocated > self._peak_allocated:
+            self._peak_allocated = peak_allocated
+            self._peak_close = allocator.reading_from_stats(raw)
+            self._peak_where = (None, None)
+            self._peak_record = None
 
     def _finish_step(self, now: float, light: _Light | None) -> None:
         step = self._step
