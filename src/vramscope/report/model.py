@@ -193,9 +193,10 @@ class OomInfo:
 
 @dataclass
 class ExitInfo:
-    status: str = "ok"  # ok | error | interrupted | oom
+    status: str = "ok"  # ok | error | interrupted | oom | terminated
     code: int = 0
     error: str | None = None
+    signal: str | None = None  # the stop signal that ended a terminated run: SIGTERM, SIGHUP
 
 
 @dataclass
