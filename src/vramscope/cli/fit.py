@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 
-from vramscope.cli.common import check_paths, emit, output_options, tuning_options
+from vramscope.cli.common import check_paths, emit, output_options, say, tuning_options
 
 
 @click.command(short_help="The largest batch size that fits a GPU or a budget.")
@@ -52,7 +51,6 @@ def command(
     from vramscope.fit.search import fit
 
     check_paths(json_path, html_path, trace_path, csv_path)
-    console = Console(stderr=True)
     report = fit(
         workload,
         gpu=gpu,
@@ -64,8 +62,14 @@ def command(
         allocator_config=allocator_config,
         effective_batch=effective_batch,
         verify=verify,
-        progress=lambda msg: console.print(f"[dim]vramscope fit: {msg}[/dim]"),
+        progress=lambda msg: say(f"vramscope fit: {msg}", quiet),
     )
-    emit(report, json_path, html_path, trace_path, csv_path, quiet=True)
-    if not quiet:
-        Console().print(render_fit(report.extra["fit"], report.findings))
+    emit(
+        report,
+        json_path,
+        html_path,
+        trace_path,
+        csv_path,
+        quiet,
+        render=lambda r: render_fit(r.extra["fit"], r.findings),
+    )

@@ -385,11 +385,12 @@ class _Null:
     help="Create a CUDA context in a child process and measure what it and cuBLAS cost.",
 )
 @click.option("--device", "index", type=int, metavar="N", help="Show only GPU N (NVML's index).")
-def command(json_path: str | None, probe: bool, index: int | None) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors; --json is written.")
+def command(json_path: str | None, probe: bool, index: int | None, quiet: bool) -> None:
     """Devices, processes, versions, allocator settings and host memory, explained."""
     target = _json_target(json_path)
     info = system_info(index=index, probe=probe)
-    if json_path != "-":
+    if json_path != "-" and not quiet:
         Console(highlight=False).print(render_info(info))
     if json_path == "-":
         click.echo(json.dumps(info.to_dict(), indent=2))
@@ -398,7 +399,8 @@ def command(json_path: str | None, probe: bool, index: int | None) -> None:
             target.write_text(json.dumps(info.to_dict(), indent=2) + "\n")
         except OSError as exc:
             raise VramscopeError(f"cannot write {target}: {exc.strerror}") from None
-        click.echo(f"vramscope: wrote {target}", err=True)
+        if not quiet:
+            click.echo(f"vramscope: wrote {target}", err=True)
 
 
 def _json_target(path: str | None) -> Path | None:
