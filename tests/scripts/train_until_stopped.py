@@ -28,13 +28,15 @@ if args.own_handler:
     signal.signal(signal.SIGTERM, checkpoint_and_exit)
 
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 step = 0
 try:
     while True:
         try:  # a script's own error handling must not swallow the stop
-            x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+            x = torch.randn(32, 64, device=device)
+            y = torch.randint(0, 10, (32,), device=device)
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()

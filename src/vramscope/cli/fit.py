@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from vramscope.cli.common import check_paths, emit, output_options, say, tuning_options
+from vramscope.errors import VramscopeError
 
 
 @click.command(short_help="The largest batch size that fits a GPU or a budget.")
@@ -46,11 +47,21 @@ def command(
     quiet: bool,
 ) -> None:
     """Find the largest batch size of WORKLOAD that fits --gpu NAME (device used) or
-    --budget SIZE (reserved), from the estimator alone, in seconds, with no GPU needed."""
+    --budget SIZE (reserved), from the estimator alone, in seconds, with no GPU needed.
+    With --verify, real trials on this machine's GPU confirm it, and the verified batch
+    size is the answer (the estimate's is shown beside it)."""
     from vramscope.fit.render import render_fit
     from vramscope.fit.search import fit
 
     check_paths(json_path, html_path, trace_path, csv_path)
+    if verify:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise VramscopeError(
+                "--verify runs real trials and needs a CUDA GPU; this machine has none "
+                "(drop --verify for the estimate alone)"
+            )
     report = fit(
         workload,
         gpu=gpu,
