@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from test_cli import vramscope
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -21,16 +21,6 @@ TINY = (
     "        batch=lambda: (torch.randn(batch_size, 64, device=device),),\n"
     "        loss=lambda m, x: m(x).sum())\n"
 )
-
-
-def vramscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "vramscope", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")

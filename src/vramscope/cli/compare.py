@@ -40,7 +40,7 @@ def command(
     checkpointing, accumulation, expandable segments, optimizer choices, ...), measured on
     this GPU in fresh processes when there is one, estimated otherwise; or compare several
     WORKLOADS (model variants) with the per-module difference."""
-    from vramscope.fit.render import render_fit
+    from vramscope.fit.render import render_fit_report
     from vramscope.fit.search import compare
     from vramscope.fit.strategies import get_strategy
 
@@ -61,12 +61,4 @@ def command(
         measured=False if estimate_only else None,
         progress=lambda msg: say(f"vramscope compare: {msg}", quiet),
     )
-    emit(
-        report,
-        json_path,
-        html_path,
-        trace_path,
-        csv_path,
-        quiet,
-        render=lambda r: render_fit(r.extra["fit"], r.findings),
-    )
+    emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)

@@ -50,7 +50,7 @@ def command(
     --budget SIZE (reserved), from the estimator alone, in seconds, with no GPU needed.
     With --verify, real trials on this machine's GPU confirm it, and the verified batch
     size is the answer (the estimate's is shown beside it)."""
-    from vramscope.fit.render import render_fit
+    from vramscope.fit.render import render_fit_report
     from vramscope.fit.search import fit
 
     check_paths(json_path, html_path, trace_path, csv_path)
@@ -75,12 +75,4 @@ def command(
         verify=verify,
         progress=lambda msg: say(f"vramscope fit: {msg}", quiet),
     )
-    emit(
-        report,
-        json_path,
-        html_path,
-        trace_path,
-        csv_path,
-        quiet,
-        render=lambda r: render_fit(r.extra["fit"], r.findings),
-    )
+    emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)

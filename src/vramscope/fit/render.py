@@ -14,22 +14,12 @@ from rich.table import Table
 from rich.text import Text
 
 from vramscope.fit.answer import final_answer
-from vramscope.report.model import Finding
+from vramscope.report.freeform import number as _number
+from vramscope.report.freeform import records as _records
+from vramscope.report.freeform import text as _text
+from vramscope.report.model import Finding, Report
 from vramscope.report.widths import fitting
 from vramscope.units import format_bytes
-
-
-def _records(value: Any) -> list[dict[str, Any]]:
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-def _number(value: Any) -> int | float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return value if ok and abs(value) < 2**63 else None
-
-
-def _text(value: Any) -> str:
-    return "" if value is None else str(value)
 
 
 def b(value: Any, signed: bool = False) -> str:
@@ -76,6 +66,12 @@ def headline(section: dict[str, Any]) -> Text:
             f"\nNot verified: {_text(verify['error'])}; the answer is the estimate's", style="red"
         )
     return text
+
+
+def render_fit_report(report: Report) -> Group:
+    """What ``fit`` and ``compare`` print: the fit section and the fit warnings."""
+    section = report.extra.get("fit")
+    return render_fit(section if isinstance(section, dict) else {}, report.findings)
 
 
 def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Group:

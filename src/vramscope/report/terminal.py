@@ -12,6 +12,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from vramscope.report.freeform import number as _n
+from vramscope.report.freeform import records as _records
+from vramscope.report.freeform import text as _s
 from vramscope.report.model import CATEGORY_NAMES, Reconciliation, Report, StepStats
 from vramscope.report.widths import fitting
 from vramscope.units import format_bytes
@@ -272,21 +275,6 @@ def _findings(report: Report, shown: Collection[str] = ()) -> Group | None:
 
 
 # ---- attribution (--detail): module tree, peak tensors, line tables ----------------------------
-
-
-def _records(value: Any) -> list[dict[str, Any]]:
-    """The dicts of a free-form list from the JSON (modules, tensors, lines); others skipped."""
-    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
-
-
-def _n(value: Any) -> int | float | None:
-    """A number from a free-form field, or None when it holds something else."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return value if ok and abs(value) < 2**63 else None
-
-
-def _s(value: Any) -> str:
-    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 def _bz(value: Any) -> str:
