@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from vramscope.contract import Builder, Workload
 from vramscope.errors import WorkloadError
-from vramscope.workload import Builder, Workload
 
 # Transformer shapes for hf:NAME, as config keyword arguments of a transformers config class.
 HF_MODELS: dict[str, tuple[str, dict[str, Any], str]] = {

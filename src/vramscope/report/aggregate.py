@@ -19,7 +19,7 @@ def epochs_of(steps: list[StepStats]) -> list[EpochStats]:
         e = epochs.get(step.epoch)
         if e is None:
             e = epochs[step.epoch] = EpochStats(index=step.epoch, first_step=step.index)
-        e.steps += 1
+        e.steps += step.count
         e.duration_s += step.duration_s
         if step.peak_allocated_bytes is not None:
             e.peak_allocated_bytes = max(e.peak_allocated_bytes or 0, step.peak_allocated_bytes)

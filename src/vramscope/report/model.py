@@ -96,6 +96,8 @@ class StepStats:
     duration_s: float = 0.0
     start_s: float = 0.0  # seconds since the session began
     phases: list[PhaseStats] = field(default_factory=list)
+    count: int = 1  # steps this entry stands for (a long run's later steps merged in pairs)
+    last_index: int | None = None  # the last of them when merged
 
 
 @dataclass
@@ -139,6 +141,10 @@ class Reconciliation:
     allocated_bytes: int | None = None
     slack: AllocatorSlack = field(default_factory=AllocatorSlack)
     reserved_bytes: int | None = None
+    # part of reserved held in private pools (CUDA graphs, torch.compile's reduce-overhead,
+    # torch.cuda.MemPool): kept for replays, never returned to the shared cache
+    private_pools_bytes: int | None = None
+    private_pools_allocated_bytes: int | None = None
     context_and_libraries_bytes: int | None = None  # device_used − reserved
     device_used_bytes: int | None = None
     other_processes_bytes: int | None = None
@@ -256,6 +262,18 @@ class Report:
                 f"(reads {SCHEMA}.x); upgrade vramscope"
             )
         return _build(cls, data, "")
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows a report as a short table; ``vramscope.report.html`` is the full page."""
+        from vramscope.report.summary import to_html
+
+        return to_html(self.to_dict())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython prints a report as a few lines rather than every field."""
+        from vramscope.report.summary import to_text
+
+        printer.text("Report(...)" if cycle else to_text(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Report:
