@@ -114,3 +114,18 @@ def test_verify_without_a_gpu_is_one_line_and_exit_2():
         "vramscope: error: --verify runs real trials and needs a CUDA GPU; this machine has "
         "none (drop --verify for the estimate alone)"
     ]
+
+
+def test_the_html_report_leads_with_the_verified_answer_too():
+    from vramscope.report import html
+    from vramscope.report.model import Report
+
+    report = Report.load(DATA / "fit_cpu_cnn_2g.json")
+    section = report.extra["fit"]
+    section["verify"] = recorded_verify([218, 225])
+    section["answer"] = final_answer(section)
+    page = html.render(report)
+    assert (
+        "Largest batch that fits: 217 (budget 2.00 GiB), verified with 2 real trials; "
+        "the estimate said 211" in page
+    )
