@@ -176,7 +176,8 @@ def resolve(spec: str | Builder) -> WorkloadSpec:
 
 def _load_function(path: Path, func: str) -> Builder:
     if not path.is_file():
-        raise WorkloadError(f"no such file: {path}")
+        shown = str(path) if str(path).isprintable() else repr(str(path))
+        raise WorkloadError(f"no such file: {shown}")
     module_name = f"_vramscope_workload_{abs(hash(path.resolve()))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:

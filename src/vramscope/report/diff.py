@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vramscope.report.model import CATEGORY_NAMES, MODULE_KEPT_FIELDS, PHASE_NAMES, Report
+from vramscope.report.widths import fitting
 from vramscope.units import format_bytes
 
 DIFF_SCHEMA = "vramscope.diff/1"
@@ -260,7 +261,7 @@ def render_terminal(diff: ReportDiff, all_rows: bool = False) -> Group:
             t.add_column(col)
         for where, (key, va, vb) in changes:
             t.add_row(where, key, _value_text(va), _value_text(vb))
-        parts.append(t)
+        parts.append(fitting(t))
     for section, title in SECTION_TITLES.items():
         rows = diff.section(section)
         if section == "modules":
@@ -281,7 +282,7 @@ def render_terminal(diff: ReportDiff, all_rows: bool = False) -> Group:
                 Text(format_delta(r), style=style),
                 Text(format_pct(r), style=style),
             )
-        parts.append(t)
+        parts.append(fitting(t))
     for note in diff.notes:
         parts.append(Text(note, style="dim"))
     return Group(*parts)

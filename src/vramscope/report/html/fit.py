@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramscope.fit.answer import final_answer
 from vramscope.report.html import charts
 from vramscope.report.html.blocks import Chart, Section, table
 from vramscope.report.html.charts import (
@@ -25,11 +26,20 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
         return None
     go = charts.go()
     verdict = strategies_chart = strategies_table = curve_chart = None
-    budget = fit.get("budget_bytes") or report.device.get("total_bytes")
-    if fit.get("max_batch_size") is not None:
-        text = f"Largest batch that fits: {fit['max_batch_size']}"
+    target = fit.get("target") if isinstance(fit.get("target"), dict) else {}
+    budget = (
+        fit.get("budget_bytes") or target.get("limit_bytes") or report.device.get("total_bytes")
+    )
+    answer = fit.get("answer") if isinstance(fit.get("answer"), dict) else final_answer(fit)
+    if answer.get("max_batch_size") is not None:  # the verified one when trials found it
+        text = f"Largest batch that fits: {answer['max_batch_size']}"
         if budget:
-            text += f" (budget {b(budget)})"
+            text += f" ({'GPU' if target.get('kind') == 'gpu' else 'budget'} {b(budget)})"
+        if answer.get("source") == "verify":
+            text += (
+                f", verified with {answer.get('real_trials')} real trials; "
+                f"the estimate said {fit.get('max_batch_size')}"
+            )
         verdict = text
     strategies = [s for s in fit.get("strategies") or [] if isinstance(s, dict)]
     if strategies:
