@@ -58,10 +58,10 @@ def main() -> None:
     runner = StepRunner(builder(batch, device), device)
     for _ in range(5):
         runner()
-    steps = overhead.steps_per_block(runner)
+    rounds, steps = overhead.block_plan(runner, args.rounds)
     times: dict[str, list[float]] = {"base": []}
     order = ["base", *VARIANTS]
-    for r in range(args.rounds):
+    for r in range(rounds):
         shift = r % len(order)
         for name in order[shift:] + order[:shift]:
             if name == "base":

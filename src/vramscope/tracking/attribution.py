@@ -441,7 +441,8 @@ class Recorder:
         self.stack.pop()
         self.mark([EXIT, index])
         if (
-            self.phase != "backward"
+            output is not None
+            and self.phase != "backward"
             and len(self.stack) < self.backward_depth
             and torch.is_grad_enabled()
         ):
@@ -472,7 +473,7 @@ class Recorder:
                 continue
             sub_index = self.module_index(sub)
             self._marked[id(sub)] = sub_index
-            hooks.wrap_class(type(sub))
+            hooks.wrap_class(type(sub), instance=sub)
 
     def _new_root(self, module: torch.nn.Module, index: int) -> None:
         if index in self._roots:

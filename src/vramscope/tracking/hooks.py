@@ -45,6 +45,8 @@ _DISCOVERING: tuple[GlobalHooks, ...] = ()  # hook sets with a discovery window 
 _MISSING = object()
 # class -> what its own __dict__ held under "__call__" before we wrapped it (or _MISSING)
 _WRAPPED: dict[type, Any] = {}
+_MODEL_CLASSES: set[type] = set()  # every call of these (and subclasses) is reported
+_INSTANCES: set[int] = set()  # ids of single modules whose calls are reported
 
 
 class PhaseListener(Protocol):
@@ -109,6 +111,21 @@ def _call_of(cls: type) -> Any:
     return _MODULE_CALL
 
 
+def _calling(module: torch.nn.Module, call: Any, args: Any, kwargs: Any) -> Any:
+    listeners = _LISTENERS
+    if _frame_callback is not None and _frame_callback() is not None:
+        return _calling_quietly(listeners, module, call, args, kwargs)
+    for listener in listeners:
+        listener._enter(module)
+    output = None
+    try:
+        output = call(module, *args, **kwargs)
+        return output
+    finally:
+        for listener in reversed(listeners):
+            listener._exit(module, output)
+
+
 def _enter_all(listeners: tuple[Any, ...], module: torch.nn.Module) -> None:
     for listener in listeners:
         listener._enter(module)
@@ -119,8 +136,10 @@ def _exit_all(listeners: tuple[Any, ...], module: torch.nn.Module, output: Any) 
         listener._exit(module, output)
 
 
-def _calling(module: torch.nn.Module, call: Any, args: Any, kwargs: Any) -> Any:
-    listeners = _LISTENERS
+def _calling_quietly(
+    listeners: tuple[Any, ...], module: torch.nn.Module, call: Any, args: Any, kwargs: Any
+) -> Any:
+    """``_calling`` in the eager part of compiled code: only the user's call is compiled."""
     _outside_dynamo(_enter_all, listeners, module)
     output = None
     try:
@@ -130,19 +149,24 @@ def _calling(module: torch.nn.Module, call: Any, args: Any, kwargs: Any) -> Any:
         _outside_dynamo(_exit_all, listeners, module, output)
 
 
-def wrap_class(cls: type) -> None:
-    """Give ``cls`` a ``__call__`` that tells every listener about each call (idempotent)."""
+def wrap_class(cls: type, instance: torch.nn.Module | None = None) -> None:
+    """Report the calls of ``cls`` to every listener: of all its instances (a model's class),
+    or only of ``instance`` (a module that places attribution markers); idempotent."""
     with _LOCK:
-        if cls in _WRAPPED or not issubclass(cls, torch.nn.Module):
+        if not issubclass(cls, torch.nn.Module) or issubclass(cls, torch.jit.ScriptModule):
             return
-        if issubclass(cls, torch.jit.ScriptModule):
+        if instance is None:
+            _MODEL_CLASSES.add(cls)
+        else:
+            _INSTANCES.add(id(instance))
+        if cls in _WRAPPED:
             return
         original = _call_of(cls)
 
         def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             if _is_compiling():  # first, so dynamo reads nothing of ours
                 return original(self, *args, **kwargs)
-            if not _LISTENERS:
+            if not _LISTENERS or (cls not in _MODEL_CLASSES and id(self) not in _INSTANCES):
                 return original(self, *args, **kwargs)
             return _calling(self, original, args, kwargs)
 
@@ -167,7 +191,7 @@ def _discovering_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     return _MODULE_CALL(self, *args, **kwargs)
 
 
-for _function in (_outside_dynamo, _discovering_call, _calling):
+for _function in (_outside_dynamo, _discovering_call, _calling, _calling_quietly):
     _never_compiled(_function)
 
 
@@ -208,6 +232,8 @@ def _unwrap_classes() -> None:
                 else:  # the user replaced it since: leave theirs
                     type.__setattr__(cls, "__call__", own)
         _WRAPPED.clear()
+        _MODEL_CLASSES.clear()
+        _INSTANCES.clear()
 
 
 def wrapped_classes() -> list[type]:
