@@ -51,6 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", default="chargpt-infer-b1-64tok")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--detail", default="default", help="the detail the profile runs with")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -90,7 +91,7 @@ def main() -> None:
     for name, us in costs.items():
         print(f"  {name:40s} {us:8.2f} µs")
     profiler = cProfile.Profile()
-    with vramscope.track():
+    with vramscope.track(detail=args.detail):
         for _ in range(5):
             runner()
         profiler.enable()
@@ -99,6 +100,7 @@ def main() -> None:
         profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    result["profile_detail"] = args.detail
     result["profile"] = text.getvalue()
     print(text.getvalue())
     if args.out:

@@ -108,12 +108,44 @@ def _merge_records(a: StepRecord, b: StepRecord) -> StepRecord:
     )
 
 
+def _absorb(into: StepRecord, record: StepRecord) -> None:
+    """Fold ``record`` (the next step) into ``into`` in place: peaks kept, counts summed."""
+    for name, p in record.phases.items():
+        m = into.phases.get(name)
+        if m is None:
+            into.phases[name] = p
+            continue
+        m.count += p.count
+        m.duration_s += p.duration_s
+        if p.peak_allocated_bytes is not None and (
+            m.peak_allocated_bytes is None or p.peak_allocated_bytes > m.peak_allocated_bytes
+        ):
+            m.peak_allocated_bytes = p.peak_allocated_bytes
+            m.start_allocated_bytes = p.start_allocated_bytes
+            m.end_allocated_bytes = p.end_allocated_bytes
+            m.step = p.step
+        if p.peak_reserved_bytes is not None and (
+            m.peak_reserved_bytes is None or p.peak_reserved_bytes > m.peak_reserved_bytes
+        ):
+            m.peak_reserved_bytes = p.peak_reserved_bytes
+    into.end_s = record.end_s
+    into.end_allocated = record.end_allocated
+    into.forwards += record.forwards
+    into.backwards += record.backwards
+    into.saw_optimizer = into.saw_optimizer or record.saw_optimizer
+    into.grad_forward = into.grad_forward or record.grad_forward
+    into.count += record.count
+    into.last_index = record.last_index if record.last_index is not None else record.index
+
+
 class StepHistory:
     """The finished steps of a run, in bounded memory whatever the run's length.
 
-    The first ``head`` steps are kept as they are (warm-up is where memory changes most);
-    when ``capacity`` records are reached, later neighbours of the same epoch are merged
-    pairwise, keeping each phase's highest peak, so no peak is lost.
+    The first ``head`` steps are kept as they are (warm-up is where memory changes most).
+    Later ones are kept one entry per ``stride`` steps of the same epoch, folded together
+    with each phase's highest peak, so no peak is lost; when ``capacity`` entries are
+    reached, later neighbours are merged pairwise and the stride doubles. A step costs one
+    in-place fold; the pairwise merges happen a logarithmic number of times.
     """
 
     def __init__(self, capacity: int = 2048, head: int = 128) -> None:
@@ -121,10 +153,28 @@ class StepHistory:
         self.head = head
         self.records: list[StepRecord] = []
         self.total = 0  # steps, merged ones counted one by one
+        self.stride = 1
+        self._pending: StepRecord | None = None
 
     def append(self, record: StepRecord) -> None:
-        self.records.append(record)
         self.total += record.count
+        if self.stride == 1 or len(self.records) < self.head:
+            self._store(record)
+            return
+        pending = self._pending
+        if pending is not None and pending.epoch != record.epoch:
+            self._store(pending)
+            pending = self._pending = None
+        if pending is None:
+            self._pending = record
+        else:
+            _absorb(pending, record)
+        if self._pending is not None and self._pending.count >= self.stride:
+            self._store(self._pending)
+            self._pending = None
+
+    def _store(self, record: StepRecord) -> None:
+        self.records.append(record)
         if len(self.records) >= self.capacity:
             self._merge()
 
@@ -141,18 +191,25 @@ class StepHistory:
                 kept.append(a)
                 i += 1
         self.records = kept
+        self.stride *= 2
+
+    def _all(self) -> list[StepRecord]:
+        return self.records if self._pending is None else [*self.records, self._pending]
 
     def __iter__(self) -> Iterator[StepRecord]:
-        return iter(self.records)
+        return iter(self._all())
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.records) + (self._pending is not None)
 
     def __bool__(self) -> bool:
-        return bool(self.records)
+        return bool(self.records) or self._pending is not None
 
-    def __getitem__(self, index: int) -> StepRecord:
-        return self.records[index]
+    @property
+    def last(self) -> StepRecord | None:
+        if self._pending is not None:
+            return self._pending
+        return self.records[-1] if self.records else None
 
 
 @dataclass
@@ -218,6 +275,9 @@ class Session:
         self._t_end: float | None = None
         self._models: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self._has_params: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._first_trainable: weakref.WeakKeyDictionary[torch.nn.Module, Any] = (
             weakref.WeakKeyDictionary()
         )
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
@@ -629,8 +689,8 @@ class Session:
     def _begin_step(self, now: float, light: _Light | None) -> None:
         self._force_new_step = False
         index = 0
-        if self._steps:
-            last = self._steps[-1]
+        last = self._steps.last
+        if last is not None:
             index = (last.last_index if last.last_index is not None else last.index) + 1
         self._step = StepRecord(
             index=index,
@@ -667,6 +727,17 @@ class Session:
                 self._count_objects()
         return known
 
+    def _grads_live(self, module: torch.nn.Module) -> bool:
+        """Whether the model's gradients exist (its first trainable parameter's does)."""
+        ref = self._first_trainable.get(module)
+        param = ref() if ref is not None else None
+        if param is None:
+            param = next((p for p in module.parameters() if p.requires_grad), None)
+            if param is None:
+                return False
+            self._first_trainable[module] = weakref.ref(param)
+        return param.grad is not None
+
     # ---- hook callbacks (PhaseListener) -------------------------------------------------
     def on_forward_start(self, module: torch.nn.Module) -> None:
         if not self._running or not self._is_model(module):
@@ -696,7 +767,7 @@ class Session:
         step = self._step
         if step is not None:
             if step.forwards == 0:
-                step.grads_live_at_start = _grads_live(module)
+                step.grads_live_at_start = self._grads_live(module)
             step.forwards += 1
             step.grad_forward = step.grad_forward or grad
             step.forward_modules.add(id(module))
@@ -836,13 +907,6 @@ class Session:
 
                 attach_attribution(self, self._report)
         return self._report
-
-
-def _grads_live(module: torch.nn.Module) -> bool:
-    for p in module.parameters():
-        if p.requires_grad:
-            return p.grad is not None
-    return False
 
 
 def _module_in_traceback(exc: BaseException, models: list[torch.nn.Module]) -> str | None:
