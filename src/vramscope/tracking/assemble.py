@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -25,9 +25,11 @@ from vramscope.report.model import (
 )
 from vramscope.sources import host as host_source
 from vramscope.sources import nvml
+from vramscope.tracking.records import StepRecord
 
-if TYPE_CHECKING:
-    from vramscope.tracking.session import Session, StepRecord
+# ``session`` below is a stopped vramscope.tracking.session.Session (not imported: the
+# session imports this module to make its report)
+Session = Any
 
 CPU_REASON = "no CUDA device in use: the CPU has no caching allocator to read"
 
