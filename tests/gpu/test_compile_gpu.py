@@ -17,6 +17,8 @@ from vramscope.examples import build_gpt
 from vramscope.report.model import Report
 from vramscope.workload import StepRunner
 
+from .windows import manual_phase_peaks
+
 pytestmark = pytest.mark.gpu
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "compiled_gpt.py"
 
@@ -82,25 +84,6 @@ def test_modules_detail_keeps_the_compiled_model_compiled(tmp_path):
     assert "torch.compile" in " ".join(report.extra.get("attribution_notes", []))
 
 
-def _manual_phase_peaks(runner: StepRunner) -> dict[str, int]:
-    w = runner.workload
-    peaks: dict[str, int] = {}
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    x, y = w.batch()
-    loss = w.loss(w.model, x, y)
-    peaks["forward"] = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    loss.backward()
-    peaks["backward"] = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    w.optimizer.step()
-    peaks["optimizer"] = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    w.optimizer.zero_grad(set_to_none=True)
-    return peaks
-
-
 @pytest.mark.parametrize("how", ["model", "method"])
 def test_compiled_phase_peaks_equal_max_memory_allocated_windows(how):
     device = torch.device("cuda")
@@ -112,11 +95,11 @@ def test_compiled_phase_peaks_equal_max_memory_allocated_windows(how):
     runner = StepRunner(w, device)
     for _ in range(3):  # compile, optimizer state, workspaces
         runner()
-    expected = _manual_phase_peaks(runner)
+    expected = manual_phase_peaks(runner)
     with vramscope.track() as session:
-        _manual_phase_peaks(runner)  # discovery sees this model: its class is wrapped
+        manual_phase_peaks(runner)  # discovery sees this model: its class is wrapped
         w.optimizer.zero_grad(set_to_none=True)
-        _manual_phase_peaks(runner)
+        manual_phase_peaks(runner)
     report = session.report()
     step = report.steps[-1]
     got = {p.name: p.peak_allocated_bytes for p in step.phases}

@@ -14,30 +14,11 @@ import vramscope
 from vramscope.examples import build_gpt
 from vramscope.workload import StepRunner
 
+from .windows import manual_phase_peaks
+
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "train_loop.py"
-
-
-def _manual_phase_peaks(runner: StepRunner) -> dict[str, int]:
-    """The same step, untracked, with max_memory_allocated windows at the phase edges."""
-    w = runner.workload
-    peaks: dict[str, int] = {}
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    x, y = w.batch()
-    loss = w.loss(w.model, x, y)
-    peaks["forward"] = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    loss.backward()
-    peaks["backward"] = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    w.optimizer.step()
-    peaks["optimizer"] = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    w.optimizer.zero_grad(set_to_none=True)
-    peaks["zero_grad"] = torch.cuda.max_memory_allocated()
-    return peaks
 
 
 def test_phase_peaks_equal_max_memory_allocated_windows() -> None:
@@ -46,10 +27,10 @@ def test_phase_peaks_equal_max_memory_allocated_windows() -> None:
     runner = StepRunner(w, device)
     for _ in range(2):  # warm: optimizer state, cuBLAS workspaces
         runner()
-    expected = _manual_phase_peaks(runner)
+    expected = manual_phase_peaks(runner)
     with vramscope.track() as session:
         w.optimizer.zero_grad(set_to_none=True)
-        _manual_phase_peaks(runner)
+        manual_phase_peaks(runner)
     report = session.report()
     step = report.steps[-1]
     got = {p.name: p.peak_allocated_bytes for p in step.phases}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from vramscope.report.aggregate import merge_phase
 from vramscope.report.model import PhaseStats
 
 
@@ -33,73 +34,32 @@ class StepRecord:
     last_index: int | None = None
 
 
+def _fold_phases(into: dict[str, PhaseStats], phases: dict[str, PhaseStats]) -> None:
+    for name, p in phases.items():
+        m = into.get(name)
+        if m is None:
+            m = into[name] = PhaseStats(name=name, count=0, step=p.step)
+        merge_phase(m, p, p.step)
+
+
 def _merge_records(a: StepRecord, b: StepRecord) -> StepRecord:
     """One record for two neighbouring ones: highest peaks, summed counts and times."""
-    phases: dict[str, PhaseStats] = {}
-    for record in (a, b):
-        for name, p in record.phases.items():
-            m = phases.get(name)
-            if m is None:
-                phases[name] = PhaseStats(
-                    name=name,
-                    peak_allocated_bytes=p.peak_allocated_bytes,
-                    peak_reserved_bytes=p.peak_reserved_bytes,
-                    start_allocated_bytes=p.start_allocated_bytes,
-                    end_allocated_bytes=p.end_allocated_bytes,
-                    duration_s=p.duration_s,
-                    count=p.count,
-                    step=p.step,
-                )
-                continue
-            m.count += p.count
-            m.duration_s += p.duration_s
-            if p.peak_allocated_bytes is not None and (
-                m.peak_allocated_bytes is None or p.peak_allocated_bytes > m.peak_allocated_bytes
-            ):
-                m.peak_allocated_bytes = p.peak_allocated_bytes
-                m.start_allocated_bytes = p.start_allocated_bytes
-                m.end_allocated_bytes = p.end_allocated_bytes
-                m.step = p.step
-            if p.peak_reserved_bytes is not None:
-                m.peak_reserved_bytes = max(m.peak_reserved_bytes or 0, p.peak_reserved_bytes)
-    return StepRecord(
+    merged = StepRecord(
         index=a.index,
         epoch=a.epoch,
         start_s=a.start_s,
         start_allocated=a.start_allocated,
-        end_s=b.end_s,
-        end_allocated=b.end_allocated,
-        forwards=a.forwards + b.forwards,
-        backwards=a.backwards + b.backwards,
-        saw_optimizer=a.saw_optimizer or b.saw_optimizer,
-        grad_forward=a.grad_forward or b.grad_forward,
         grads_live_at_start=a.grads_live_at_start,
-        phases=phases,
-        count=a.count + b.count,
-        last_index=b.last_index if b.last_index is not None else b.index,
+        count=0,
     )
+    _absorb(merged, a)
+    _absorb(merged, b)
+    return merged
 
 
 def _absorb(into: StepRecord, record: StepRecord) -> None:
     """Fold ``record`` (the next step) into ``into`` in place: peaks kept, counts summed."""
-    for name, p in record.phases.items():
-        m = into.phases.get(name)
-        if m is None:
-            into.phases[name] = p
-            continue
-        m.count += p.count
-        m.duration_s += p.duration_s
-        if p.peak_allocated_bytes is not None and (
-            m.peak_allocated_bytes is None or p.peak_allocated_bytes > m.peak_allocated_bytes
-        ):
-            m.peak_allocated_bytes = p.peak_allocated_bytes
-            m.start_allocated_bytes = p.start_allocated_bytes
-            m.end_allocated_bytes = p.end_allocated_bytes
-            m.step = p.step
-        if p.peak_reserved_bytes is not None and (
-            m.peak_reserved_bytes is None or p.peak_reserved_bytes > m.peak_reserved_bytes
-        ):
-            m.peak_reserved_bytes = p.peak_reserved_bytes
+    _fold_phases(into.phases, record.phases)
     into.end_s = record.end_s
     into.end_allocated = record.end_allocated
     into.forwards += record.forwards
