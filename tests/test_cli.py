@@ -71,7 +71,12 @@ def test_run_keeps_the_scripts_exit_code_and_saves_a_partial_report(tmp_path):
     )
     assert proc.returncode == 3
     report = json.loads(out.read_text())
-    assert report["exit"] == {"status": "error", "code": 3, "error": "exited with 3"}
+    assert report["exit"] == {
+        "status": "error",
+        "code": 3,
+        "error": "exited with 3",
+        "signal": None,
+    }
     assert len(report["steps"]) == 4
 
 

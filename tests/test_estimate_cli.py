@@ -36,11 +36,11 @@ def test_estimate_writes_the_report_and_prints_the_verdict(tmp_path: Path):
         "bf16-mixed",
         "--json",
         str(out),
-        "-q",
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("vramscope: fits on h100-80gb:")
-    assert "peak allocated in step 1, backward" in proc.stdout
+    verdict = proc.stdout.splitlines()[-1]  # after the report
+    assert verdict.startswith("vramscope: fits on h100-80gb:")
+    assert "peak allocated in step 1, backward" in verdict
     data = json.loads(out.read_text())
     assert data["kind"] == "estimated"
     assert data["workload"]["precision"] == "bf16-mixed"
@@ -50,9 +50,10 @@ def test_estimate_writes_the_report_and_prints_the_verdict(tmp_path: Path):
 
 
 def test_a_workload_that_does_not_fit_says_by_how_much():
-    proc = vramscope("estimate", "example:gpt", "-b", "64", "--memory", "1GiB", "-q")
+    proc = vramscope("estimate", "example:gpt", "-b", "64", "--memory", "1GiB", "--json", "-")
     assert proc.returncode == 0, proc.stderr
-    assert "does NOT fit on h200: needs" in proc.stdout and "over" in proc.stdout
+    assert "does NOT fit on h200: needs" in proc.stderr and "over" in proc.stderr
+    assert json.loads(proc.stdout)["verdict"]["fits"] is False
 
 
 def test_list_gpus_names_every_profile():

@@ -147,3 +147,79 @@ def test_profile_decorator_keeps_the_report():
 
     assert train() == "done"
     assert len(train.last_report.steps) == 2
+
+
+class _Numbers(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import time
+
+        time.sleep(0.01)
+        return torch.full((4,), float(i))
+
+
+_WORKER_BALLAST: list[bytes] = []
+
+
+def _hold_memory(_worker_id: int) -> None:
+    _WORKER_BALLAST.append(b"x" * (128 * 2**20))  # written pages: resident in the worker
+
+
+def test_host_memory_includes_dataloader_workers():
+    import psutil
+
+    main_rss = psutil.Process().memory_info().rss
+    loader = torch.utils.data.DataLoader(
+        _Numbers(), batch_size=4, num_workers=2, worker_init_fn=_hold_memory
+    )
+    model = torch.nn.Linear(4, 1)
+    with vramscope.track(interval_s=0.05) as session:
+        for x in loader:
+            model(x).sum().backward()
+    report = session.report()
+    assert report.peak.host_rss_bytes > main_rss + 2 * 100 * 2**20
+
+
+def test_a_long_history_stays_bounded_and_keeps_every_peak():
+    from vramscope.report.model import PhaseStats
+    from vramscope.tracking.records import StepHistory, StepRecord
+
+    history = StepHistory(capacity=64, head=8)
+    peaks = [(i * 7919) % 10007 for i in range(10_000)]
+    for i, peak in enumerate(peaks):
+        record = StepRecord(index=i, epoch=i // 1000, start_s=float(i), start_allocated=0)
+        record.forwards, record.end_s = 1, i + 1.0
+        record.phases["forward"] = PhaseStats(name="forward", peak_allocated_bytes=peak, step=i)
+        history.append(record)
+    records = list(history)
+    assert len(records) <= 64
+    assert [r.count for r in records[:8]] == [1] * 8  # the first steps as they were
+    assert sum(r.count for r in records) == history.total == 10_000
+    assert max(r.phases["forward"].peak_allocated_bytes for r in records) == max(peaks)
+    assert sum(r.phases["forward"].count for r in records) == 10_000
+    expected_next = 0
+    for r in records:  # contiguous, and no entry spans two epochs
+        last = r.last_index if r.last_index is not None else r.index
+        assert r.index == expected_next and r.index // 1000 == last // 1000
+        expected_next = last + 1
+
+
+def test_thousands_of_inference_steps_make_a_bounded_report():
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad(), vramscope.track() as session:
+        for _ in range(3000):
+            model(torch.randn(1, 4))
+    report = session.report()
+    assert sum(s.count for s in report.steps) == 3000
+    assert len(report.steps) <= 2048
+    assert report.extra["tracking_notes"]  # says the later steps were merged
+
+
+def test_window_reads_host_memory_without_cuda():
+    with vramscope.track() as session:
+        torch.nn.Linear(4, 4)(torch.randn(2, 4))
+        window = session.window()
+    assert window["host_rss_bytes"] > 0
+    assert window["peak_allocated_bytes"] is None  # no caching allocator on the CPU

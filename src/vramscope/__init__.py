@@ -21,11 +21,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from vramscope.contract import Workload
     from vramscope.fit.search import compare
     from vramscope.report.model import Report
     from vramscope.tracking.runner import measure
     from vramscope.tracking.session import Session, profile, track
-    from vramscope.workload import Workload
 
 _LAZY = {
     "Report": "vramscope.report.model",
@@ -34,8 +34,15 @@ _LAZY = {
     "profile": "vramscope.tracking.session",
     "measure": "vramscope.tracking.runner",
     "compare": "vramscope.fit.search",
-    "Workload": "vramscope.workload",
+    "Workload": "vramscope.contract",
 }
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext vramscope`` in IPython or Jupyter: adds the ``%%vramscope`` cell magic."""
+    from vramscope.integrations.ipython import load_ipython_extension as load
+
+    load(ipython)
 
 
 def __getattr__(name: str) -> Any:

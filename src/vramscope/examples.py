@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vramscope.workload import Workload
+from vramscope.contract import Workload
 
 
 class ResidualBlock(nn.Module):

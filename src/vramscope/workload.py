@@ -1,8 +1,10 @@
-"""The Workload contract (a model, an optimizer, a batch and a loss) and spec resolution.
+"""The standard step of a Workload, and spec resolution (``file.py:fn``, ``example:cnn``…).
 
 A spec on the command line is ``path/to/file.py:function`` or a built-in name:
 ``example:cnn``, ``example:gpt``, and, when the library is installed, ``torchvision:NAME``,
-``timm:NAME``, ``hf:NAME``. The function is called as ``build(batch_size, device)``.
+``timm:NAME``, ``hf:NAME``. The function is called as ``build(batch_size, device)`` and
+returns a ``Workload`` (defined in ``vramscope.contract``, below the built-in specs, and
+importable from here too).
 """
 
 from __future__ import annotations
@@ -12,71 +14,27 @@ import importlib.util
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vramscope import examples, zoo
+from vramscope.contract import PRECISIONS, Builder, Workload, normalize_precision
 from vramscope.errors import VramscopeError, WorkloadError
 
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
-_ALIASES = {
-    "32": "32-true",
-    "fp32": "32-true",
-    "bf16": "bf16-mixed",
-    "16": "16-mixed",
-    "fp16": "16-mixed",
-    "amp": "bf16-mixed",
-}
-Builder = Callable[[int, torch.device], "Workload"]
-
-
-def normalize_precision(value: str) -> str:
-    """Lightning's precision names; a few common aliases accepted."""
-    text = str(value).strip().lower()
-    text = _ALIASES.get(text, text)
-    if text not in PRECISIONS:
-        raise VramscopeError(f"unknown precision {value!r}; use one of {', '.join(PRECISIONS)}")
-    return text
-
-
-@dataclass
-class Workload:
-    """What to run for one step: the model, optimizer, how to make a batch, and the loss.
-
-    ``optimizer=None`` means inference: ``loss`` runs under ``torch.no_grad()`` in eval
-    mode. ``step`` (optional) replaces the standard step entirely.
-    """
-
-    model: torch.nn.Module
-    batch: Callable[[], Any]
-    loss: Callable[..., Any]
-    optimizer: torch.optim.Optimizer | None = None
-    precision: str = "32-true"
-    accumulate: int = 1
-    step: Callable[[], Any] | None = None
-    name: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.precision = normalize_precision(self.precision)
-        if int(self.accumulate) < 1:
-            raise VramscopeError(f"accumulate must be 1 or more, not {self.accumulate}")
-        self.accumulate = int(self.accumulate)
-
-    @property
-    def training(self) -> bool:
-        return self.optimizer is not None
-
-    def with_overrides(
-        self, precision: str | None = None, accumulate: int | None = None
-    ) -> Workload:
-        return replace(
-            self,
-            precision=self.precision if precision is None else normalize_precision(precision),
-            accumulate=self.accumulate if accumulate is None else accumulate,
-        )
+__all__ = [
+    "PRECISIONS",
+    "Builder",
+    "StepRunner",
+    "Workload",
+    "WorkloadSpec",
+    "build_workload",
+    "normalize_precision",
+    "pick_device",
+    "resolve",
+]
 
 
 # ---- the standard step -------------------------------------------------------------------
@@ -218,7 +176,8 @@ def resolve(spec: str | Builder) -> WorkloadSpec:
 
 def _load_function(path: Path, func: str) -> Builder:
     if not path.is_file():
-        raise WorkloadError(f"no such file: {path}")
+        shown = str(path) if str(path).isprintable() else repr(str(path))
+        raise WorkloadError(f"no such file: {shown}")
     module_name = f"_vramscope_workload_{abs(hash(path.resolve()))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -293,8 +252,6 @@ def build_workload(
 
 
 def _example(name: str) -> Builder:
-    from vramscope import examples
-
     try:
         return examples.BUILDERS[name]
     except KeyError:
@@ -303,29 +260,11 @@ def _example(name: str) -> Builder:
         ) from None
 
 
-def _torchvision(name: str) -> Builder:
-    from vramscope import zoo
-
-    return zoo.torchvision_builder(name)
-
-
-def _timm(name: str) -> Builder:
-    from vramscope import zoo
-
-    return zoo.timm_builder(name)
-
-
-def _hf(name: str) -> Builder:
-    from vramscope import zoo
-
-    return zoo.hf_builder(name)
-
-
 _BUILTIN_PREFIXES: dict[str, Callable[[str], Builder]] = {
     "example": _example,
-    "torchvision": _torchvision,
-    "timm": _timm,
-    "hf": _hf,
+    "torchvision": zoo.torchvision_builder,
+    "timm": zoo.timm_builder,
+    "hf": zoo.hf_builder,
 }
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from vramscope.contract import Builder, Workload
 from vramscope.errors import WorkloadError
-from vramscope.workload import Builder, Workload
 
 # Transformer shapes for hf:NAME, as config keyword arguments of a transformers config class.
 HF_MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -94,13 +94,41 @@ def _import(module: str, spec: str) -> Any:
         ) from None
 
 
-def _parse(name: str) -> tuple[str, str, dict[str, str]]:
-    """``resnet50@sgd/seq=512/ckpt`` → ("resnet50", "sgd", {"seq": "512", "ckpt": ""})."""
+# the options each library's specs take: /seq=N, /size=N (a whole number), /ckpt, /attn=NAME
+_OPTIONS = {
+    "torchvision": ("size",),
+    "timm": ("size", "ckpt"),
+    "hf": ("seq", "ckpt", "attn"),
+}
+_WHOLE_NUMBER_OPTIONS = ("seq", "size")
+
+
+def _parse(name: str, library: str) -> tuple[str, str, dict[str, str]]:
+    """``resnet50@sgd/seq=512/ckpt`` → ("resnet50", "sgd", {"seq": "512", "ckpt": ""}).
+
+    Every option is checked here, before anything is imported or built."""
     base, *options = name.split("/")
     model, _, optim = base.partition("@")
     opts: dict[str, str] = {}
+    allowed = _OPTIONS[library]
     for option in options:
-        key, _, value = option.partition("=")
+        key, eq, value = option.partition("=")
+        if key not in allowed:
+            known = ", ".join(f"/{k}=N" if k in _WHOLE_NUMBER_OPTIONS else f"/{k}" for k in allowed)
+            raise WorkloadError(
+                f"unknown option {('/' + option)!r} in {f'{library}:{name}'!r}; "
+                f"{library} takes {known}"
+            )
+        if key in _WHOLE_NUMBER_OPTIONS and not (
+            value.isascii() and value.isdigit() and len(value) <= 8 and int(value) > 0
+        ):
+            raise WorkloadError(
+                f"/{key} takes a whole number of 1 or more, like /{key}=512, not {value!r}"
+            )
+        if key == "ckpt" and eq:
+            raise WorkloadError(f"/ckpt takes no value (got {('/' + option)!r})")
+        if key == "attn" and not value:
+            raise WorkloadError("/attn takes a name, like /attn=eager or /attn=sdpa")
         opts[key] = value
     optim = optim or "adamw"
     if optim not in OPTIMIZERS:
@@ -121,7 +149,7 @@ def _workload(
 
 
 def torchvision_builder(name: str) -> Builder:
-    model_name, optim, opts = _parse(name)
+    model_name, optim, opts = _parse(name, "torchvision")
     spec = f"torchvision:{name}"
 
     def build(batch_size: int, device: torch.device) -> Workload:
@@ -150,7 +178,7 @@ def torchvision_builder(name: str) -> Builder:
 
 
 def timm_builder(name: str) -> Builder:
-    model_name, optim, opts = _parse(name)
+    model_name, optim, opts = _parse(name, "timm")
     spec = f"timm:{name}"
 
     def build(batch_size: int, device: torch.device) -> Workload:
@@ -180,7 +208,7 @@ def timm_builder(name: str) -> Builder:
 
 
 def hf_builder(name: str) -> Builder:
-    model_name, optim, opts = _parse(name)
+    model_name, optim, opts = _parse(name, "hf")
     spec = f"hf:{name}"
     if model_name not in HF_MODELS:
         raise WorkloadError(f"unknown hf model {model_name!r}; known: {', '.join(HF_MODELS)}")

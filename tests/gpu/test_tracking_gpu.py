@@ -14,30 +14,11 @@ import vramscope
 from vramscope.examples import build_gpt
 from vramscope.workload import StepRunner
 
+from .windows import manual_phase_peaks
+
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "train_loop.py"
-
-
-def _manual_phase_peaks(runner: StepRunner) -> dict[str, int]:
-    """The same step, untracked, with max_memory_allocated windows at the phase edges."""
-    w = runner.workload
-    peaks: dict[str, int] = {}
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    x, y = w.batch()
-    loss = w.loss(w.model, x, y)
-    peaks["forward"] = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    loss.backward()
-    peaks["backward"] = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    w.optimizer.step()
-    peaks["optimizer"] = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    w.optimizer.zero_grad(set_to_none=True)
-    peaks["zero_grad"] = torch.cuda.max_memory_allocated()
-    return peaks
 
 
 def test_phase_peaks_equal_max_memory_allocated_windows() -> None:
@@ -46,10 +27,10 @@ def test_phase_peaks_equal_max_memory_allocated_windows() -> None:
     runner = StepRunner(w, device)
     for _ in range(2):  # warm: optimizer state, cuBLAS workspaces
         runner()
-    expected = _manual_phase_peaks(runner)
+    expected = manual_phase_peaks(runner)
     with vramscope.track() as session:
         w.optimizer.zero_grad(set_to_none=True)
-        _manual_phase_peaks(runner)
+        manual_phase_peaks(runner)
     report = session.report()
     step = report.steps[-1]
     got = {p.name: p.peak_allocated_bytes for p in step.phases}
@@ -151,3 +132,21 @@ def test_oom_inside_run_leaves_an_oom_report(tmp_path: Path) -> None:
     assert report["oom"]["requested_bytes"] == 1 << 46
     assert report["oom"]["total_bytes"] > 0
     assert any(f["kind"] == "oom" for f in report["findings"])
+
+
+def test_side_stream_allocations_count_in_the_peak() -> None:
+    model = torch.nn.Linear(1024, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with vramscope.track() as session:
+        x = torch.randn(256, 1024, device="cuda")
+        with torch.cuda.stream(side):
+            staged = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+            staged.fill_(1)
+        side.synchronize()
+        del staged
+        model(x).sum().backward()
+    report = session.report()
+    assert report.peak.allocated_bytes == torch.cuda.max_memory_allocated()
+    assert report.peak.allocated_bytes >= 64 * 2**20

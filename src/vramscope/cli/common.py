@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +14,6 @@ import click
 
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
-from vramscope.workload import PRECISIONS
 
 
 def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -34,15 +37,100 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--csv", "csv_path", type=click.Path(dir_okay=False), help="Write the steps as CSV."
         ),
-        click.option("-q", "--quiet", is_flag=True, help="Do not print the report."),
+        click.option(
+            "-q",
+            "--quiet",
+            is_flag=True,
+            help="Print nothing but errors; files are still written.",
+        ),
     ]
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("json_path") != "-":
+            return func(*args, **kwargs)
+        with json_on_stdout():
+            return func(*args, **kwargs)
+
     for option in reversed(options):
-        func = option(func)
-    return func
+        command = option(command)
+    return command
+
+
+class _JsonStdout:
+    """Where ``--json -`` writes while everything else that would go to stdout goes to stderr."""
+
+    fd: int | None = None  # a duplicate of the real stdout's file descriptor
+    stream: Any = None  # the real sys.stdout, when it has no file descriptor
+
+
+@contextlib.contextmanager
+def json_on_stdout() -> Iterator[None]:
+    """``--json -``: stdout carries the JSON alone. Meanwhile text for people (the report,
+    a script's own prints, its subprocesses' output) goes to stderr, at the Python level and
+    at the file-descriptor level; ``write_json`` writes to the real stdout."""
+    real = sys.stdout
+    real.flush()
+    fd: int | None
+    try:
+        fd, err_fd = real.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = err_fd = None
+    saved = None
+    if fd is not None and err_fd is not None:
+        saved = os.dup(fd)
+        os.dup2(err_fd, fd)
+    _JsonStdout.fd, _JsonStdout.stream = saved, real
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        sys.stdout = real
+        if saved is not None and fd is not None:
+            os.dup2(saved, fd)
+            os.close(saved)
+        _JsonStdout.fd = _JsonStdout.stream = None
+
+
+def write_json(text: str, path: str) -> None:
+    """Write JSON ``text`` to ``path``; ``-`` is stdout (the real one under ``--json -``)."""
+    if not text.endswith("\n"):
+        text += "\n"
+    if path != "-":
+        try:
+            _writable(path).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise VramscopeError(f"cannot write {path}: {exc.strerror or exc}") from None
+        return
+    if _JsonStdout.fd is not None:
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(_JsonStdout.fd, data) :]
+    else:
+        stream = _JsonStdout.stream or sys.stdout
+        stream.write(text)
+        stream.flush()
+
+
+def human_console() -> Any:
+    """A rich Console for text meant for people: stdout, which ``--json -`` points at stderr."""
+    from rich.console import Console
+
+    return Console()
+
+
+def say(message: str, quiet: bool = False) -> None:
+    """One line of progress or a note on stderr, unless ``--quiet``."""
+    if not quiet:
+        click.echo(message, err=True)
 
 
 def tuning_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--precision/--accumulate/--allocator-config: override what the workload says."""
+    from vramscope.workload import PRECISIONS  # imports torch: only verbs that build workloads
+
     options = [
         click.option(
             "--precision",
@@ -91,16 +179,22 @@ def emit(
     trace_path: str | None = None,
     csv_path: str | None = None,
     quiet: bool = False,
+    render: Callable[[Report], Any] | None = None,
 ) -> None:
-    """Print the report and write every file asked for."""
+    """Print the report (``render``'s view of it, else the standard one) unless ``quiet``,
+    and write every file asked for; ``json_path`` ``-`` is stdout."""
     if not quiet:
-        from vramscope.report.terminal import print_report
+        if render is not None:
+            human_console().print(render(report))
+        else:
+            from vramscope.report.terminal import print_report
 
-        print_report(report)
+            print_report(report, human_console())
     written = []
     if json_path:
-        report.save(_writable(json_path))
-        written.append(json_path)
+        write_json(report.to_json(), json_path)
+        if json_path != "-":
+            written.append(json_path)
     exporters = {"html": html_path, "trace": trace_path, "csv": csv_path}
     for kind, path in exporters.items():
         if not path:
@@ -113,7 +207,7 @@ def emit(
         exports.write(kind, report, target)
         written.append(path)
     for path in written:
-        click.echo(f"vramscope: wrote {path}", err=True)
+        say(f"vramscope: wrote {path}", quiet)
 
 
 def check_paths(*paths: str | None) -> None:

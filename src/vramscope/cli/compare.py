@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 
-from vramscope.cli.common import check_paths, emit, output_options, tuning_options
+from vramscope.cli.common import check_paths, emit, output_options, say, tuning_options
 
 
 @click.command(short_help="Memory-saving strategies or model variants side by side.")
@@ -41,7 +40,7 @@ def command(
     checkpointing, accumulation, expandable segments, optimizer choices, ...), measured on
     this GPU in fresh processes when there is one, estimated otherwise; or compare several
     WORKLOADS (model variants) with the per-module difference."""
-    from vramscope.fit.render import render_fit
+    from vramscope.fit.render import render_fit_report
     from vramscope.fit.search import compare
     from vramscope.fit.strategies import get_strategy
 
@@ -49,7 +48,6 @@ def command(
     names = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else None
     for name in names or []:
         get_strategy(name)  # unknown names: one line, exit 2
-    console = Console(stderr=True)
     report = compare(
         list(workloads),
         batch_size=batch_size,
@@ -61,8 +59,6 @@ def command(
         accumulate=accumulate,
         allocator_config=allocator_config,
         measured=False if estimate_only else None,
-        progress=lambda msg: console.print(f"[dim]vramscope compare: {msg}[/dim]"),
+        progress=lambda msg: say(f"vramscope compare: {msg}", quiet),
     )
-    emit(report, json_path, html_path, trace_path, csv_path, quiet=True)
-    if not quiet:
-        Console().print(render_fit(report.extra["fit"], report.findings))
+    emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)

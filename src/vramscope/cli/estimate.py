@@ -93,9 +93,10 @@ def command(
             report, workload, batch_size, precision, accumulate, allocator_config
         )
     emit(report, json_path, html_path, trace_path, csv_path, quiet)
-    click.echo(verdict_line(report))
-    if validate:
-        click.echo(validation_table(report.extra["validation"]))
+    if not quiet:
+        click.echo(verdict_line(report))
+        if validate:
+            click.echo(validation_table(report.extra["validation"]))
 
 
 def verdict_line(report: Report) -> str:

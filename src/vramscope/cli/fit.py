@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 
-from vramscope.cli.common import check_paths, emit, output_options, tuning_options
+from vramscope.cli.common import check_paths, emit, output_options, say, tuning_options
+from vramscope.errors import VramscopeError
 
 
 @click.command(short_help="The largest batch size that fits a GPU or a budget.")
@@ -47,12 +47,21 @@ def command(
     quiet: bool,
 ) -> None:
     """Find the largest batch size of WORKLOAD that fits --gpu NAME (device used) or
-    --budget SIZE (reserved), from the estimator alone, in seconds, with no GPU needed."""
-    from vramscope.fit.render import render_fit
+    --budget SIZE (reserved), from the estimator alone, in seconds, with no GPU needed.
+    With --verify, real trials on this machine's GPU confirm it, and the verified batch
+    size is the answer (the estimate's is shown beside it)."""
+    from vramscope.fit.render import render_fit_report
     from vramscope.fit.search import fit
 
     check_paths(json_path, html_path, trace_path, csv_path)
-    console = Console(stderr=True)
+    if verify:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise VramscopeError(
+                "--verify runs real trials and needs a CUDA GPU; this machine has none "
+                "(drop --verify for the estimate alone)"
+            )
     report = fit(
         workload,
         gpu=gpu,
@@ -64,8 +73,6 @@ def command(
         allocator_config=allocator_config,
         effective_batch=effective_batch,
         verify=verify,
-        progress=lambda msg: console.print(f"[dim]vramscope fit: {msg}[/dim]"),
+        progress=lambda msg: say(f"vramscope fit: {msg}", quiet),
     )
-    emit(report, json_path, html_path, trace_path, csv_path, quiet=True)
-    if not quiet:
-        Console().print(render_fit(report.extra["fit"], report.findings))
+    emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from vramscope.devices import DeviceInfo, HostInfo, ProbeResult, SystemInfo, system_info
 from vramscope.errors import VramscopeError
+from vramscope.report.widths import fitting
 from vramscope.units import format_bytes
 
 BAR_FULL, BAR_EMPTY = "█", "░"
@@ -140,8 +141,12 @@ def tracked_cells(status: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def process_table(gpu: DeviceInfo, command_width: int | None = None) -> Table:
-    """One row per process on the GPU; tracked processes also show phase, step, memory split."""
+def process_table(
+    gpu: DeviceInfo, command_width: int | None = None, cut_commands: bool = True
+) -> Table:
+    """One row per process on the GPU; tracked processes also show phase, step, memory split.
+
+    ``cut_commands``: a long command is cut to the space left (a live view); else wrapped."""
     any_tracked = any(p.tracked for p in gpu.processes)
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     table.add_column("PID", justify="right", no_wrap=True)
@@ -151,13 +156,14 @@ def process_table(gpu: DeviceInfo, command_width: int | None = None) -> Table:
         for name in ("PHASE", "STEP", "EPOCH"):
             table.add_column(name, justify="left" if name == "PHASE" else "right", no_wrap=True)
         table.add_column("ALLOCATED / RESERVED", justify="right", no_wrap=True)
-    # the command takes what is left and is cut, never wrapped
-    table.add_column("COMMAND", overflow="ellipsis", max_width=command_width, min_width=8)
+    # the command takes what is left
+    overflow = "ellipsis" if cut_commands else "fold"
+    table.add_column("COMMAND", overflow=overflow, max_width=command_width, min_width=8)
     for proc in gpu.processes:
         command = proc.command or ""
         if proc.note:
             command = f"{command} ({proc.note})" if command else proc.note
-        command = Text(command, no_wrap=True, overflow="ellipsis")
+        command = Text(command, no_wrap=cut_commands, overflow=overflow)
         row = [str(proc.pid), proc.user or "?", format_bytes(proc.device_memory_bytes)]
         if any_tracked:
             row += tracked_cells(proc.tracked)
@@ -226,6 +232,50 @@ def tracked_table(statuses: list[dict[str, Any]]) -> Table:
             "n/a" if age is None else f"{age:.0f} s ago",
             style="dim" if age is not None and age > 10 else None,
         )
+    return table
+
+
+def _tracked_words(status: dict[str, Any] | None) -> str:
+    """A tracked run's phase, step, epoch and memory in words, for narrow layouts."""
+    if not status:
+        return ""
+    phase, step, epoch, split = tracked_cells(status)
+    return f"{phase}, step {step}, epoch {epoch} · allocated / reserved {split}"
+
+
+def process_list(processes: list[Any]) -> Table:
+    """``process_table`` for narrow widths: the command, and a tracked run's state, in words."""
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    table.add_column("PID", justify="right", no_wrap=True)
+    table.add_column("DEVICE MEMORY", justify="right", no_wrap=True)
+    table.add_column("USER · COMMAND", overflow="fold")
+    for proc in processes:
+        words = f"{proc.user or '?'} · {proc.command or ''}"
+        if proc.note:
+            words += f" ({proc.note})"
+        if proc.tracked:
+            words += f"\n{_tracked_words(proc.tracked)}"
+        table.add_row(str(proc.pid), format_bytes(proc.device_memory_bytes), words)
+    return table
+
+
+def tracked_list(statuses: list[dict[str, Any]]) -> Table:
+    """``tracked_table`` for narrow widths: one run per row, in words."""
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    table.add_column("PID", justify="right", no_wrap=True)
+    table.add_column("RUN", overflow="fold")
+    for status in statuses:
+        device = status.get("device")
+        age = status.get("age_s")
+        words = (
+            f"{status.get('name') or status.get('workload') or status.get('script') or '?'}"
+            f" · device {'cpu' if device is None else device} · {_tracked_words(status)}"
+            f" · peak allocated {format_bytes(status.get('peak_allocated_bytes'))}"
+            f" · host RSS {format_bytes(status.get('host_rss_bytes'))}"
+            f" · updated {'n/a' if age is None else f'{age:.0f} s ago'}"
+        )
+        dim = "dim" if age is not None and age > 10 else None
+        table.add_row(str(status.get("pid")), words, style=dim)
     return table
 
 
@@ -329,7 +379,9 @@ def render_info(info: SystemInfo) -> Group:
                 )
             )
         if gpu.processes:
-            body.append(process_table(gpu))
+            body.append(
+                fitting(process_table(gpu, cut_commands=False), process_list(gpu.processes))
+            )
         else:
             body.append(Text("no processes", style="dim"))
         for what, why in gpu.not_available.items():
@@ -337,7 +389,8 @@ def render_info(info: SystemInfo) -> Group:
         parts += [_indent(Group(*body)), Text("")]
     tracked = unmatched_tracked(info)
     if tracked:
-        parts += [Text("Tracked runs", style="bold"), _indent(tracked_table(tracked)), Text("")]
+        table = fitting(tracked_table(tracked), tracked_list(tracked))
+        parts += [Text("Tracked runs", style="bold"), _indent(table), Text("")]
     if info.tracked_problem:
         parts += [Text(f"Tracked runs not shown: {info.tracked_problem}", style="yellow")]
     parts += [allocator_section(info), Text("")]
@@ -385,11 +438,12 @@ class _Null:
     help="Create a CUDA context in a child process and measure what it and cuBLAS cost.",
 )
 @click.option("--device", "index", type=int, metavar="N", help="Show only GPU N (NVML's index).")
-def command(json_path: str | None, probe: bool, index: int | None) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors; --json is written.")
+def command(json_path: str | None, probe: bool, index: int | None, quiet: bool) -> None:
     """Devices, processes, versions, allocator settings and host memory, explained."""
     target = _json_target(json_path)
     info = system_info(index=index, probe=probe)
-    if json_path != "-":
+    if json_path != "-" and not quiet:
         Console(highlight=False).print(render_info(info))
     if json_path == "-":
         click.echo(json.dumps(info.to_dict(), indent=2))
@@ -398,7 +452,8 @@ def command(json_path: str | None, probe: bool, index: int | None) -> None:
             target.write_text(json.dumps(info.to_dict(), indent=2) + "\n")
         except OSError as exc:
             raise VramscopeError(f"cannot write {target}: {exc.strerror}") from None
-        click.echo(f"vramscope: wrote {target}", err=True)
+        if not quiet:
+            click.echo(f"vramscope: wrote {target}", err=True)
 
 
 def _json_target(path: str | None) -> Path | None:

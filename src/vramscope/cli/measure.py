@@ -8,7 +8,7 @@ import click
 
 from vramscope.cli.common import check_paths, emit, output_options, workload_options
 from vramscope.cli.run import detail_options
-from vramscope.tracking.runner import measure
+from vramscope.tracking.runner import StopSignals, measure
 
 
 @click.command(short_help="Measure real steps of a workload.")
@@ -53,25 +53,30 @@ def command(
     """Build WORKLOAD (path/to/file.py:function or example:cnn, example:gpt, ...) and
     measure STEPS real steps on the local device, the first step included."""
     check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
-    report = measure(
-        workload,
-        batch_size=batch_size,
-        steps=steps,
-        device=device,
-        precision=precision,
-        accumulate=accumulate,
-        allocator_config=allocator_config,
-        interval_s=interval,
-        detail="modules" if snapshot_path and detail == "default" else detail,
-        depth=depth,
-        lines_of=list(lines_of) or None,
-        snapshot=snapshot_path,
-    )
-    emit(report, json_path, html_path, trace_path, csv_path, quiet)
-    if report.extra.get("snapshot"):
-        click.echo(f"vramscope: wrote {report.extra['snapshot']}", err=True)
+    with StopSignals() as stops:  # SIGTERM/SIGHUP end the steps and leave the report
+        report = measure(
+            workload,
+            batch_size=batch_size,
+            steps=steps,
+            device=device,
+            precision=precision,
+            accumulate=accumulate,
+            allocator_config=allocator_config,
+            interval_s=interval,
+            detail="modules" if snapshot_path and detail == "default" else detail,
+            depth=depth,
+            lines_of=list(lines_of) or None,
+            snapshot=snapshot_path,
+            stops=stops,
+        )
+        emit(report, json_path, html_path, trace_path, csv_path, quiet)
+        if report.extra.get("snapshot") and not quiet:
+            click.echo(f"vramscope: wrote {report.extra['snapshot']}", err=True)
     if report.exit.status != "ok":
         click.echo(
             f"vramscope: the run ended early ({report.exit.status}): {report.exit.error}", err=True
         )
         sys.exit(report.exit.code or 1)
+    if stops.received is not None:
+        click.echo(f"vramscope: {stops.received} after the steps ended", err=True)
+        sys.exit(stops.received.exit_code)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from vramscope.cli.common import check_paths, emit, output_options
+from vramscope.cli.common import check_paths, emit, human_console, output_options, say, write_json
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
 
@@ -55,14 +55,14 @@ def command(
     label_a, label_b = _labels(path, diff_path)
     diff = diff_reports(report, other, label_a, label_b)
     if not quiet:
-        print_diff(diff)
+        print_diff(diff, human_console())
     try:
         if html_path:
             write_html(diff, html_path, report, other)
-            click.echo(f"vramscope: wrote {html_path}", err=True)
-        if json_path:
-            text = json.dumps(diff.to_dict(), indent=1) + "\n"
-            Path(json_path).write_text(text, encoding="utf-8")
-            click.echo(f"vramscope: wrote {json_path}", err=True)
+            say(f"vramscope: wrote {html_path}", quiet)
     except OSError as exc:
         raise VramscopeError(f"cannot write {exc.filename}: {exc.strerror or exc}") from None
+    if json_path:
+        write_json(json.dumps(diff.to_dict(), indent=1), json_path)
+        if json_path != "-":
+            say(f"vramscope: wrote {json_path}", quiet)

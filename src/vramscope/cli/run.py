@@ -7,7 +7,7 @@ import sys
 import click
 
 from vramscope.cli.common import check_paths, emit, output_options
-from vramscope.tracking.runner import apply_allocator_config, run_script
+from vramscope.tracking.runner import StopSignals, apply_allocator_config, run_script
 from vramscope.tracking.session import Session
 
 
@@ -104,11 +104,20 @@ def command(
         lines_of=list(lines_of) or [script],
         snapshot=snapshot_path,
     )
-    report, code = run_script(script, list(args), session)
-    sys.stdout.flush()
-    emit(report, json_path, html_path, trace_path, csv_path, quiet)
-    if report.extra.get("snapshot"):
-        click.echo(f"vramscope: wrote {report.extra['snapshot']}", err=True)
-    if code:
+    # SIGTERM/SIGHUP while the script runs end it; while the files are written, they wait
+    with StopSignals() as stops:
+        report, code = run_script(script, list(args), session, stops)
+        sys.stdout.flush()
+        emit(report, json_path, html_path, trace_path, csv_path, quiet)
+        if report.extra.get("snapshot") and not quiet:
+            click.echo(f"vramscope: wrote {report.extra['snapshot']}", err=True)
+    if stops.received is not None:
+        code = stops.received.exit_code
+        if report.exit.status == "terminated":
+            click.echo(f"vramscope: {script} was {stops.received}; the report is partial", err=True)
+        else:
+            click.echo(f"vramscope: {stops.received} after {script} ended", err=True)
+    elif code:
         click.echo(f"vramscope: {script} exited with code {code}; the report is partial", err=True)
+    if code:
         sys.exit(code)

@@ -1,4 +1,7 @@
-"""Terminal tables for the ``fit`` section of a report (fit and compare); no torch here."""
+"""Terminal tables for the ``fit`` section of a report (fit and compare); no torch here.
+
+The section may come from a saved file (``vramscope report fit.json``), so every value is
+read defensively: a field of the wrong type shows as blank instead of failing."""
 
 from __future__ import annotations
 
@@ -6,121 +9,122 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich import box
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from vramscope.report.model import Finding
-from vramscope.units import format_bytes as b
+from vramscope.fit.answer import final_answer
+from vramscope.report.freeform import number as _number
+from vramscope.report.freeform import records as _records
+from vramscope.report.freeform import text as _text
+from vramscope.report.model import Finding, Report
+from vramscope.report.widths import fitting
+from vramscope.units import format_bytes
 
 
-def _peak_cells(peak: dict[str, Any]) -> list[str]:
-    return [
-        b(peak.get("allocated_bytes")),
-        b(peak.get("reserved_bytes")),
-        b(peak.get("device_used_bytes")),
-    ]
+def b(value: Any, signed: bool = False) -> str:
+    return format_bytes(_number(value), signed=signed)
+
+
+def _peak_cells(peak: Any, allocated: bool = True) -> list[str]:
+    peak = peak if isinstance(peak, dict) else {}
+    keys = ("allocated_bytes",) * allocated + ("reserved_bytes", "device_used_bytes")
+    return [b(peak.get(key)) for key in keys]
+
+
+def _yes(value: Any) -> str:
+    return "" if value is None else "yes" if value else "no"
+
+
+def headline(section: dict[str, Any]) -> Text:
+    """ "Largest batch size: N", the verified answer when real trials found one, with what the
+    estimate said beside it."""
+    target = section.get("target") if isinstance(section.get("target"), dict) else {}
+    margin = _number(target.get("margin")) or 0
+    answer = section.get("answer") if isinstance(section.get("answer"), dict) else None
+    answer = answer or final_answer(section)
+    estimated = _text(section.get("max_batch_size"))
+    without = _text(section.get("max_batch_size_without_margin"))
+    estimates = f"{_text(section.get('estimates') or 0)} estimates"
+    text = Text()
+    text.append(f"Largest batch size: {_text(answer.get('max_batch_size'))}", style="bold green")
+    if answer.get("source") == "verify":
+        limit = "budget" if target.get("kind") == "budget" else "GPU memory"
+        text.append(
+            f"  (verified with {_text(answer.get('real_trials'))} real trials at the full "
+            f"{limit}; the estimate said {estimated} with the {margin:.0%} margin, "
+            f"{without} without, from {estimates})"
+        )
+        return text
+    text.append(
+        f"  (without the {margin:.0%} margin: {without}; {_text(section.get('method'))}, "
+        f"{estimates})"
+    )
+    verify = section.get("verify")
+    if isinstance(verify, dict) and verify.get("error"):
+        text.append(
+            f"\nNot verified: {_text(verify['error'])}; the answer is the estimate's", style="red"
+        )
+    return text
+
+
+def render_fit_report(report: Report) -> Group:
+    """What ``fit`` and ``compare`` print: the fit section and the fit warnings."""
+    section = report.extra.get("fit")
+    return render_fit(section if isinstance(section, dict) else {}, report.findings)
 
 
 def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Group:
     """The fit section as tables; ``findings``: the report's, of which the fit warnings and
     errors (what a budget would need, the closest strategy, the edge of memory) are shown."""
-    parts: list[Any] = []
+    parts: list[RenderableType] = []
     for f in findings:
         if f.kind == "fit" and f.severity in ("warning", "error"):
             style = "red" if f.severity == "error" else "yellow"
             parts.append(Text(f"{f.severity}: {f.message}", style=style))
-    target = section.get("target", {})
     if "max_batch_size" in section:
-        text = Text()
-        text.append(f"Largest batch size: {section['max_batch_size']}", style="bold green")
-        text.append(
-            f"  (without the {target.get('margin', 0):.0%} margin: "
-            f"{section.get('max_batch_size_without_margin')}; {section.get('method')}, "
-            f"{section.get('estimates', 0)} estimates)"
-        )
-        verify = section.get("verify")
-        if verify:
-            if verify.get("max_batch_size") is not None:
-                text.append(
-                    f"\nVerified with {verify.get('real_trials')} real trials: {verify['max_batch_size']}",
-                    style="bold",
-                )
-            else:
-                text.append(f"\nVerify: {verify.get('error')}", style="red")
-        parts.append(text)
-        curve = section.get("curve") or []
+        parts.append(headline(section))
+        curve = _records(section.get("curve"))
         if curve:
             t = Table(box=box.SIMPLE_HEAD, title="Estimated memory by batch size")
             for col in ("batch", "allocated", "reserved", "device used", "fits"):
                 t.add_column(col, justify="right")
             for point in curve:
-                fits = point.get("fits")
                 t.add_row(
-                    str(point["batch_size"]),
-                    *_peak_cells(point["peak"]),
-                    "" if fits is None else "yes" if fits else "no",
+                    _text(point.get("batch_size")),
+                    *_peak_cells(point.get("peak")),
+                    _yes(point.get("fits")),
                 )
-            parts.append(t)
-    plans = section.get("plans")
+            parts.append(fitting(t))
+    plans = _records(section.get("plans"))
     if plans:
         t = Table(box=box.SIMPLE_HEAD, title="micro-batch × accumulation plans")
         for col in ("micro-batch", "accumulate", "allocated", "reserved", "device used", "fits"):
             t.add_column(col, justify="right")
         for p in plans:
             t.add_row(
-                str(p["micro_batch"]),
-                str(p["accumulate"]),
-                *_peak_cells(p["peak"]),
-                "yes" if p["fits"] else "no",
+                _text(p.get("micro_batch")),
+                _text(p.get("accumulate")),
+                *_peak_cells(p.get("peak")),
+                _yes(p.get("fits")),
             )
-        parts.append(t)
+        parts.append(fitting(t))
         rec = section.get("recommended_plan")
-        if rec:
+        if isinstance(rec, dict):
             parts.append(
                 Text(
-                    f"Recommended: micro-batch {rec['micro_batch']} × {rec['accumulate']} accumulation steps",
+                    f"Recommended: micro-batch {_text(rec.get('micro_batch'))} × "
+                    f"{_text(rec.get('accumulate'))} accumulation steps",
                     style="bold",
                 )
             )
-    rows = section.get("strategies")
+    rows = _records(section.get("strategies"))
     if rows:
-        method = section.get("method", "estimated")
-        timed = any(r.get("step_time_s") for r in rows)
-        noted = any(r.get("error") or r.get("skipped") for r in rows)
-        columns = ["strategy", "allocated", "reserved", "device used", "saving", "fits"]
-        columns += ["step time"] if timed else []
-        columns += ["note"] if noted else []
-        t = Table(
-            box=box.SIMPLE_HEAD, title=f"Strategies at batch {section.get('batch_size')} ({method})"
-        )
-        for col in columns:
-            t.add_column(
-                col,
-                justify="left" if col in ("strategy", "note") else "right",
-                no_wrap=col != "note",
-            )
-        for r in rows:
-            if "skipped" in r:
-                t.add_row(r["name"], *([""] * (len(columns) - 2)), f"skipped: {r['skipped']}")
-                continue
-            saving = r.get("saving_pct", {}).get("reserved_bytes")
-            cells = [
-                r["name"],
-                *_peak_cells(r["peak"]),
-                f"{saving:+.1f}%" if saving is not None else "",
-            ]
-            cells.append("yes" if r.get("fits") else "no")
-            if timed:
-                cells.append(f"{r['step_time_s'] * 1000:.0f} ms" if r.get("step_time_s") else "")
-            if noted:
-                cells.append(r.get("error") or "")
-            t.add_row(*cells)
-        parts.append(t)
-        rec = section.get("recommendation", {})
-        if rec.get("message"):
-            parts.append(Text(rec["message"], style="bold"))
-    diff = section.get("module_diff")
+        parts.append(_strategy_table(section, rows))
+        rec = section.get("recommendation")
+        if isinstance(rec, dict) and rec.get("message"):
+            parts.append(Text(_text(rec["message"]), style="bold"))
+    diff = _records(section.get("module_diff"))
     if diff:
         labels = [k for k in diff[0] if k not in ("name", "difference_bytes")]
         t = Table(box=box.SIMPLE_HEAD, title="Per-module difference between the variants")
@@ -130,9 +134,50 @@ def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Gro
         t.add_column("difference", justify="right")
         for row in diff[:20]:
             t.add_row(
-                row["name"] or "(model)",
+                _text(row.get("name")) or "(model)",
                 *(b(row.get(label)) for label in labels),
                 b(row.get("difference_bytes"), signed=True),
             )
-        parts.append(t)
+        parts.append(fitting(t))
     return Group(*parts)
+
+
+def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> RenderableType:
+    """Strategies side by side; at narrow widths without the allocated column (reserved and
+    device used are what must fit)."""
+    method = _text(section.get("method") or "estimated")
+    title = f"Strategies at batch {_text(section.get('batch_size'))} ({method})"
+    timed = any(_number(r.get("step_time_s")) for r in rows)
+    noted = any(r.get("error") or r.get("skipped") for r in rows)
+
+    def table(allocated: bool) -> Table:
+        columns = ["strategy"] + ["allocated"] * allocated
+        columns += ["reserved", "device used", "saving", "fits"]
+        columns += ["step time"] if timed else []
+        columns += ["note"] if noted else []
+        t = Table(box=box.SIMPLE_HEAD, title=title)
+        for col in columns:
+            t.add_column(
+                col,
+                justify="left" if col in ("strategy", "note") else "right",
+                no_wrap=col != "note",
+            )
+        for r in rows:
+            if "skipped" in r:
+                blanks = [""] * (len(columns) - 2)
+                t.add_row(_text(r.get("name")), *blanks, f"skipped: {_text(r['skipped'])}")
+                continue
+            saving_pct = r.get("saving_pct") if isinstance(r.get("saving_pct"), dict) else {}
+            saving = _number(saving_pct.get("reserved_bytes"))
+            cells = [_text(r.get("name")), *_peak_cells(r.get("peak"), allocated)]
+            cells.append(f"{saving:+.1f}%" if saving is not None else "")
+            cells.append("yes" if r.get("fits") else "no")
+            if timed:
+                step = _number(r.get("step_time_s"))
+                cells.append(f"{step * 1000:.0f} ms" if step else "")
+            if noted:
+                cells.append(_text(r.get("error")))
+            t.add_row(*cells)
+        return t
+
+    return fitting(table(allocated=True), table(allocated=False))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramscope.errors import VramscopeError
+from vramscope.fit.answer import final_answer
 from vramscope.fit.strategies import DEFAULT_STRATEGIES, NotApplicable, Strategy, get_strategy
 from vramscope.fit.trial import TrialResult, run_trial
 from vramscope.report.model import Finding, Report
@@ -379,6 +380,20 @@ def fit(
         )
         if section["verify"].get("max_batch_size") is not None:
             section["method"] = "estimate+verify"
+    section["answer"] = final_answer(section)
+    if section["answer"]["source"] == "verify":
+        verified = section["answer"]["max_batch_size"]
+        findings.append(
+            Finding(
+                "fit",
+                "info",
+                f"verified with {section['verify'].get('real_trials')} real trials in fresh "
+                f"processes: the largest batch size that runs is {verified} (at the full "
+                f"{'budget' if target.kind == 'budget' else 'GPU memory'}); the estimate said "
+                f"{best} with the margin, {best_no_margin} without",
+                {},
+            )
+        )
     report.extra["fit"] = section
     report.findings = findings + report.findings
     return report

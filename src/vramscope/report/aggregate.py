@@ -19,7 +19,7 @@ def epochs_of(steps: list[StepStats]) -> list[EpochStats]:
         e = epochs.get(step.epoch)
         if e is None:
             e = epochs[step.epoch] = EpochStats(index=step.epoch, first_step=step.index)
-        e.steps += 1
+        e.steps += step.count
         e.duration_s += step.duration_s
         if step.peak_allocated_bytes is not None:
             e.peak_allocated_bytes = max(e.peak_allocated_bytes or 0, step.peak_allocated_bytes)
@@ -31,6 +31,22 @@ def epochs_of(steps: list[StepStats]) -> list[EpochStats]:
     return [epochs[k] for k in sorted(epochs)]
 
 
+def merge_phase(into: PhaseStats, p: PhaseStats, step: int | None) -> None:
+    """Fold occurrence ``p`` of a phase into ``into``: counts and times summed, the highest
+    peak kept with where it was (``step``) and the allocated memory around it."""
+    into.count += p.count
+    into.duration_s += p.duration_s
+    if p.peak_allocated_bytes is not None and (
+        into.peak_allocated_bytes is None or p.peak_allocated_bytes > into.peak_allocated_bytes
+    ):
+        into.peak_allocated_bytes = p.peak_allocated_bytes
+        into.start_allocated_bytes = p.start_allocated_bytes
+        into.end_allocated_bytes = p.end_allocated_bytes
+        into.step = step
+    if p.peak_reserved_bytes is not None:
+        into.peak_reserved_bytes = max(into.peak_reserved_bytes or 0, p.peak_reserved_bytes)
+
+
 def phases_of(steps: list[StepStats]) -> list[PhaseStats]:
     """Per phase over the run: the highest peak (and its step), total time, occurrences."""
     merged: dict[str, PhaseStats] = {}
@@ -39,15 +55,5 @@ def phases_of(steps: list[StepStats]) -> list[PhaseStats]:
             m = merged.get(p.name)
             if m is None:
                 m = merged[p.name] = PhaseStats(name=p.name, count=0, step=step.index)
-            m.count += p.count
-            m.duration_s += p.duration_s
-            if p.peak_allocated_bytes is not None and (
-                m.peak_allocated_bytes is None or p.peak_allocated_bytes > m.peak_allocated_bytes
-            ):
-                m.peak_allocated_bytes = p.peak_allocated_bytes
-                m.start_allocated_bytes = p.start_allocated_bytes
-                m.end_allocated_bytes = p.end_allocated_bytes
-                m.step = step.index
-            if p.peak_reserved_bytes is not None:
-                m.peak_reserved_bytes = max(m.peak_reserved_bytes or 0, p.peak_reserved_bytes)
+            merge_phase(m, p, step.index)
     return sorted(merged.values(), key=lambda p: phase_key(p.name))

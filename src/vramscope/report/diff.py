@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vramscope.report.model import CATEGORY_NAMES, MODULE_KEPT_FIELDS, PHASE_NAMES, Report
+from vramscope.report.widths import fitting
 from vramscope.units import format_bytes
 
 DIFF_SCHEMA = "vramscope.diff/1"
@@ -260,7 +261,7 @@ def render_terminal(diff: ReportDiff, all_rows: bool = False) -> Group:
             t.add_column(col)
         for where, (key, va, vb) in changes:
             t.add_row(where, key, _value_text(va), _value_text(vb))
-        parts.append(t)
+        parts.append(fitting(t))
     for section, title in SECTION_TITLES.items():
         rows = diff.section(section)
         if section == "modules":
@@ -281,7 +282,7 @@ def render_terminal(diff: ReportDiff, all_rows: bool = False) -> Group:
                 Text(format_delta(r), style=style),
                 Text(format_pct(r), style=style),
             )
-        parts.append(t)
+        parts.append(fitting(t))
     for note in diff.notes:
         parts.append(Text(note, style="dim"))
     return Group(*parts)
@@ -291,51 +292,47 @@ def print_diff(diff: ReportDiff, console: Console | None = None) -> None:
     (console or Console()).print(render_terminal(diff))
 
 
-# ---- HTML -------------------------------------------------------------------------------
+# ---- HTML ----------------------------------------------------------------------------------
 def render_html(diff: ReportDiff, a: Report | None = None, b: Report | None = None) -> str:
-    """The diff as one self-contained HTML page (same look as the report)."""
+    """The diff as one self-contained HTML page (same look as the report: ``diff.html``)."""
     import plotly.graph_objects as go
 
     from vramscope.report import html as h
+    from vramscope.report.html.blocks import Chart, Section, table
+    from vramscope.report.html.environment import render_template
+    from vramscope.report.html.page import page_context
 
     figures: dict[str, Any] = {}
-    body: list[str] = []
-    nav: list[tuple[str, str]] = []
-
-    cards = []
-    for r in diff.section("peak"):
-        cls = "" if not r.delta else ("pos" if r.delta > 0 else "neg")
-        cards.append(
-            f'<div class="kpi"><div class="label">Peak {h.esc(r.name)}</div>'
-            f'<div class="value">{h.esc(format_value(r.b, r.unit))}</div>'
-            f'<div class="sub">was {h.esc(format_value(r.a, r.unit))} · '
-            f'<span class="{cls}">{h.esc(format_delta(r))} {h.esc(format_pct(r))}</span>'
-            "</div></div>"
-        )
-    kpis = f'<div class="kpis">{"".join(cards)}</div>'
-    sub = ""
+    sections: list[Section] = []
+    kpis = [
+        {
+            "name": r.name,
+            "value": format_value(r.b, r.unit),
+            "was": format_value(r.a, r.unit),
+            "style": "" if not r.delta else ("pos" if r.delta > 0 else "neg"),
+            "change": f"{format_delta(r)} {format_pct(r)}",
+        }
+        for r in diff.section("peak")
+    ]
+    workloads = None
     if a is not None and b is not None:
-        sub = f'<div class="meta">{h.esc(h.workload_title(a))} → {h.esc(h.workload_title(b))}</div>'
-    header = (
-        '<header class="top"><div class="wrap">'
-        '<div class="brand">vramscope · what changed between two runs</div>'
-        f"<h1>{h.esc(diff.a_label)} → {h.esc(diff.b_label)}</h1>{sub}{kpis}</div></header>"
-    )
+        workloads = (h.workload_title(a), h.workload_title(b))
 
     changes = [("workload", c) for c in diff.workload_changes] + [
         ("device", c) for c in diff.device_changes
     ]
     if changes:
         rows = [[where, k, _value_text(va), _value_text(vb)] for where, (k, va, vb) in changes]
-        body.append(
-            h.section(
+        sections.append(
+            Section(
+                "setup.html",
                 "setup",
+                "Set-up",
                 "What differs in the set-up",
                 "Workload and device settings that are not the same in both runs.",
-                h.table(["", "key", diff.a_label, diff.b_label], rows, left=4),
+                {"table": table(["", "key", diff.a_label, diff.b_label], rows, left=4)},
             )
         )
-        nav.append(("setup", "Set-up"))
 
     for section, title in SECTION_TITLES.items():
         rows = diff.section(section)
@@ -343,7 +340,7 @@ def render_html(diff: ReportDiff, a: Report | None = None, b: Report | None = No
             rows = [r for r in rows if r.changed][:MAX_MODULE_ROWS]
         if not rows:
             continue
-        chart = ""
+        chart = None
         byte_rows = [r for r in rows if r.unit == "bytes" and (r.a is not None or r.b is not None)]
         if section != "run" and byte_rows:
             top = max(max(r.a or 0, r.b or 0) for r in byte_rows)
@@ -381,7 +378,7 @@ def render_html(diff: ReportDiff, a: Report | None = None, b: Report | None = No
             )
             chart_id = f"chart-diff-{section}"
             figures[chart_id] = h.figure_dict(fig)
-            chart = h.chart_div(chart_id, 300)
+            chart = Chart(chart_id, 300)
         table_rows = [
             [
                 r.name,
@@ -395,25 +392,30 @@ def render_html(diff: ReportDiff, a: Report | None = None, b: Report | None = No
         colours = [
             ["", "", "", *(["pos" if r.delta > 0 else "neg"] * 2)] if r.delta else [] for r in rows
         ]
-        tbl = h.table(
+        tbl = table(
             ["", diff.a_label, diff.b_label, "change", "%"], table_rows, cell_classes=colours
         )
-        body.append(h.section(section, title, "", chart + tbl))
-        nav.append((section, title.split(",")[0]))
-    if diff.notes:
-        items = "".join(f"<li>{h.esc(n)}</li>" for n in diff.notes)
-        body.append(f'<ul class="note">{items}</ul>')
-    footer = (
-        f"b against the baseline a: a = {h.esc(diff.a_label)}, b = {h.esc(diff.b_label)}; "
-        "a positive change means b takes more · sizes in binary units (KiB, MiB, GiB)."
-    )
-    return h.page(
-        f"vramscope diff · {diff.a_label} → {diff.b_label}",
-        header,
-        "\n".join(body),
-        figures,
-        nav=nav,
-        footer_html=footer,
+        sections.append(
+            Section(
+                "compared.html",
+                section,
+                title.split(",")[0],
+                title,
+                "",
+                {"chart": chart, "table": tbl},
+            )
+        )
+    return render_template(
+        "diff.html",
+        diff=diff,
+        kpis=kpis,
+        workloads=workloads,
+        sections=sections,
+        **page_context(
+            f"vramscope diff · {diff.a_label} → {diff.b_label}",
+            figures,
+            [(s.anchor, s.nav) for s in sections],
+        ),
     )
 
 

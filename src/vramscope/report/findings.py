@@ -203,7 +203,40 @@ def find_oom(report: Report) -> list[Finding]:
     return [Finding("oom", "error", " ".join(parts), {})]
 
 
-FINDERS = (find_oom, find_leak, find_fragmentation, find_cache, find_first_step, find_host_growth)
+def find_private_pools(report: Report) -> list[Finding]:
+    """Reserved memory held by CUDA graphs' private pools (torch.compile reduce-overhead)."""
+    end = next((r for r in report.reconciliation if r.moment == "end"), None)
+    if end is None or not end.private_pools_bytes:
+        return []
+    share = end.private_pools_bytes / end.reserved_bytes if end.reserved_bytes else 0.0
+    return [
+        Finding(
+            kind="private_pools",
+            severity="info",
+            message=(
+                f"{format_bytes(end.private_pools_bytes)} of reserved memory ({share:.0%}) is "
+                "in private pools (CUDA graphs: torch.compile's mode='reduce-overhead', "
+                "torch.cuda.graph, or torch.cuda.MemPool); graph replays reuse it, the shared "
+                f"cache never gets it back; {format_bytes(end.private_pools_allocated_bytes or 0)} "
+                "of it holds live tensors (a graph's static inputs and outputs)"
+            ),
+            data={
+                "private_pools_bytes": end.private_pools_bytes,
+                "private_pools_allocated_bytes": end.private_pools_allocated_bytes,
+            },
+        )
+    ]
+
+
+FINDERS = (
+    find_oom,
+    find_leak,
+    find_fragmentation,
+    find_cache,
+    find_first_step,
+    find_host_growth,
+    find_private_pools,
+)
 
 
 def add_findings(report: Report) -> Report:

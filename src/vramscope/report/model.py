@@ -96,6 +96,8 @@ class StepStats:
     duration_s: float = 0.0
     start_s: float = 0.0  # seconds since the session began
     phases: list[PhaseStats] = field(default_factory=list)
+    count: int = 1  # steps this entry stands for (a long run's later steps merged in pairs)
+    last_index: int | None = None  # the last of them when merged
 
 
 @dataclass
@@ -139,6 +141,10 @@ class Reconciliation:
     allocated_bytes: int | None = None
     slack: AllocatorSlack = field(default_factory=AllocatorSlack)
     reserved_bytes: int | None = None
+    # part of reserved held in private pools (CUDA graphs, torch.compile's reduce-overhead,
+    # torch.cuda.MemPool): kept for replays, never returned to the shared cache
+    private_pools_bytes: int | None = None
+    private_pools_allocated_bytes: int | None = None
     context_and_libraries_bytes: int | None = None  # device_used − reserved
     device_used_bytes: int | None = None
     other_processes_bytes: int | None = None
@@ -193,9 +199,10 @@ class OomInfo:
 
 @dataclass
 class ExitInfo:
-    status: str = "ok"  # ok | error | interrupted | oom
+    status: str = "ok"  # ok | error | interrupted | oom | terminated
     code: int = 0
     error: str | None = None
+    signal: str | None = None  # the stop signal that ended a terminated run: SIGTERM, SIGHUP
 
 
 @dataclass
@@ -241,16 +248,32 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
+        """A Report from its JSON form; VramscopeError (one line, naming the field) when
+        ``data`` is not a report or a field has the wrong type."""
+        if not isinstance(data, dict):
+            raise VramscopeError("not a vramscope report: expected a JSON object")
         schema = data.get("schema")
         if not isinstance(schema, str) or not schema.startswith("vramscope.report/"):
             raise VramscopeError("not a vramscope report: the 'schema' key is missing or wrong")
         major = schema.rsplit("/", 1)[-1].split(".")[0]
         if major != SCHEMA.rsplit("/", 1)[-1]:
             raise VramscopeError(
-                f"report schema {schema} is not readable by this vramscope (reads {SCHEMA}.x); "
-                "upgrade vramscope"
+                f"report schema {schema[:40]} is not readable by this vramscope "
+                f"(reads {SCHEMA}.x); upgrade vramscope"
             )
-        return _build(cls, data)
+        return _build(cls, data, "")
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows a report as a short table; ``vramscope.report.html`` is the full page."""
+        from vramscope.report.summary import to_html
+
+        return to_html(self.to_dict())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython prints a report as a few lines rather than every field."""
+        from vramscope.report.summary import to_text
+
+        printer.text("Report(...)" if cycle else to_text(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Report:
@@ -258,42 +281,111 @@ class Report:
         if not source.is_file():
             raise VramscopeError(f"no such report file: {source}")
         try:
-            data = json.loads(source.read_text(encoding="utf-8"))
+            data = json.loads(source.read_text(encoding="utf-8"), parse_constant=_no_constant)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise VramscopeError(f"{source} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise VramscopeError(f"{source} is not a vramscope report: nested too deeply") from None
+        except ValueError as exc:  # NaN/Infinity, or an integer of thousands of digits
+            raise VramscopeError(f"{source} is not a vramscope report: {exc}") from None
+        except OSError as exc:
+            raise VramscopeError(f"cannot read {source}: {exc.strerror or exc}") from None
         if not isinstance(data, dict):
             raise VramscopeError(f"{source} is not a vramscope report")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except VramscopeError as exc:
+            raise VramscopeError(f"{source}: {exc}") from None
 
 
-def _build(cls: type, data: Any) -> Any:
-    """Build dataclass ``cls`` from a dict, recursively; unknown keys go to ``extra``."""
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a report holds")
+
+
+_LARGEST = 2**63  # no byte count or index in a report comes near it
+
+
+def _wrong(where: str, expected: str, value: Any) -> VramscopeError:
+    shown = repr(value)
+    if len(shown) > 30:
+        shown = shown[:26] + "…" + shown[-3:]
+    return VramscopeError(
+        f"not a vramscope report: {where or 'the top'} should be {expected}, not {shown}"
+    )
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass ``cls`` from a dict, recursively, checking each field's type;
+    unknown keys go to ``extra``; a null or missing field takes its default."""
+    if not isinstance(data, dict):
+        raise _wrong(where, "an object", data)
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
-    names = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in data.items():
-        if key not in names:
+        if key not in fields:
             extra[key] = value
             continue
-        kwargs[key] = _convert(hints[key], value)
-    if "extra" in names:
+        path = f"{where}.{key}" if where else key
+        if value is None and not _optional(hints[key]):
+            if _has_default(fields[key]):
+                continue
+            raise _wrong(path, "given", value)
+        kwargs[key] = _convert(hints[key], value, path)
+    for name, f in fields.items():
+        if name not in kwargs and not _has_default(f):
+            raise VramscopeError(f"not a vramscope report: {where or 'the top'} has no {name!r}")
+    if "extra" in fields:
         kwargs.setdefault("extra", {}).update(extra)
     return cls(**kwargs)
 
 
-def _convert(hint: Any, value: Any) -> Any:
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _optional(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in (
+        typing.get_args(hint)
+    )
+
+
+def _convert(hint: Any, value: Any, where: str = "") -> Any:
+    if hint is Any:
+        return value
     if value is None:
-        return None
+        if _optional(hint):
+            return None
+        raise _wrong(where, "given", value)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(hint):
-            if arg is type(None):
-                continue
-            return _convert(arg, value)
+        (arg,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(arg, value, where)
     if origin is list:
+        if not isinstance(value, list):
+            raise _wrong(where, "a list", value)
         (item,) = typing.get_args(hint) or (Any,)
-        return [_convert(item, v) for v in value]
-    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-        return _build(hint, value)
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _wrong(where, "an object", value)
+        _, item = typing.get_args(hint) or (str, Any)
+        return {k: _convert(item, v, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if hint is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or abs(value) >= _LARGEST:
+            raise _wrong(where, "a whole number", value)
+        return value
+    if hint is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or abs(value) >= _LARGEST:
+            raise _wrong(where, "a number", value)
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise _wrong(where, "text", value)
+        return value
     return value

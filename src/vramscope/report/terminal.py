@@ -3,13 +3,20 @@ reconciliation and findings. Knows nothing of torch."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from vramscope.report.freeform import number as _n
+from vramscope.report.freeform import records as _records
+from vramscope.report.freeform import text as _s
 from vramscope.report.model import CATEGORY_NAMES, Reconciliation, Report, StepStats
+from vramscope.report.widths import fitting
 from vramscope.units import format_bytes
 
 b = format_bytes
@@ -42,28 +49,34 @@ def _header(report: Report) -> Text:
     return text
 
 
-def _peak_table(report: Report) -> Table:
+def _peak_table(report: Report) -> RenderableType:
     p = report.peak
-    t = Table(box=box.SIMPLE_HEAD, title="Peak (max over every step, the first included)")
-    t.add_column("allocated", justify="right")
-    t.add_column("reserved", justify="right")
-    t.add_column("device used (nvidia-smi)", justify="right")
-    t.add_column("host RSS (process tree)", justify="right")
-    t.add_column("where")
-    where = ""
-    if p.step is not None:
-        where = f"step {p.step}, {p.phase}"
-    t.add_row(
-        b(p.allocated_bytes),
-        b(p.reserved_bytes),
-        b(p.device_used_bytes),
-        b(p.host_rss_bytes),
-        where,
-    )
-    return t
+    title = "Peak (max over every step, the first included)"
+    where = f"step {p.step}, {p.phase}" if p.step is not None else ""
+    cells = [
+        ("allocated", b(p.allocated_bytes)),
+        ("reserved", b(p.reserved_bytes)),
+        ("device used (nvidia-smi)", b(p.device_used_bytes)),
+        ("host RSS (process tree)", b(p.host_rss_bytes)),
+        ("where", where),
+    ]
+    wide = Table(box=box.SIMPLE_HEAD, title=title)
+    for name, _ in cells:
+        wide.add_column(name, justify="left" if name == "where" else "right")
+    wide.add_row(*(value for _, value in cells))
+    narrow = Table(box=box.SIMPLE, title=title, show_header=False)
+    narrow.add_column("what")
+    narrow.add_column("bytes", justify="right")
+    for name, value in cells:
+        narrow.add_row(name, value)
+    return fitting(wide, narrow)
 
 
-def _phase_table(report: Report) -> Table:
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _phase_table(report: Report) -> RenderableType:
     t = Table(box=box.SIMPLE_HEAD, title="Phases (highest peak over the run)")
     for col in ("phase", "peak allocated", "peak reserved", "at step", "count", "time"):
         t.add_column(col, justify="left" if col == "phase" else "right")
@@ -74,9 +87,9 @@ def _phase_table(report: Report) -> Table:
             b(p.peak_reserved_bytes),
             str(p.step) if p.step is not None else "",
             str(p.count),
-            f"{p.duration_s * 1000:.1f} ms",
+            _ms(p.duration_s),
         )
-    return t
+    return fitting(t)
 
 
 def _pick_steps(steps: list[StepStats], limit: int = 12) -> list[StepStats | None]:
@@ -95,48 +108,64 @@ def _pick_steps(steps: list[StepStats], limit: int = 12) -> list[StepStats | Non
     return rows
 
 
-def _step_table(report: Report) -> Table:
-    t = Table(box=box.SIMPLE_HEAD, title=f"Steps ({len(report.steps)})")
+GAP = "⋮"  # steps left out of a long run's table
+
+
+def _step_table(report: Report) -> RenderableType:
+    """Every step's memory; at narrow widths the per-phase peaks move to a second table."""
+    title = f"Steps ({len(report.steps)})"
     cuda = report.peak.allocated_bytes is not None
     epochs = len(report.epochs) > 1
-    columns = ["step"] + (["epoch"] if epochs else []) + ["mode"]
-    if cuda:
-        columns += [
-            "peak alloc",
-            "peak reserved",
-            "alloc at end",
-            "fwd peak",
-            "bwd peak",
-            "opt peak",
-        ]
-    columns += ["host RSS", "time"]
-    for col in columns:
-        t.add_column(col, justify="right", no_wrap=True)
-    for s in _pick_steps(report.steps):
-        if s is None:
-            t.add_row(*(["…"] + [""] * (len(columns) - 1)))
-            continue
-        phase = {p.name: p for p in s.phases}
+    rows = _pick_steps(report.steps)
+    modes = any(s is not None and s.mode != "train" for s in rows)
 
-        def pk(name: str, phase: dict = phase) -> str:
-            return b(phase[name].peak_allocated_bytes) if name in phase else ""
+    def row_head(s: StepStats) -> list[str]:
+        return [str(s.index)] + ([str(s.epoch)] if epochs else []) + ([s.mode] if modes else [])
 
-        row = [str(s.index)] + ([str(s.epoch)] if epochs else []) + [s.mode]
-        if cuda:
-            row += [
-                b(s.peak_allocated_bytes),
-                b(s.peak_reserved_bytes),
-                b(s.end_allocated_bytes),
-                pk("forward"),
-                pk("backward"),
-                pk("optimizer"),
-            ]
-        row += [b(s.host_rss_bytes), f"{s.duration_s * 1000:.1f} ms"]
-        t.add_row(*row)
-    return t
+    head = ["step"] + (["epoch"] if epochs else []) + (["mode"] if modes else [])
+    memory = ["peak alloc", "peak reserved", "alloc at end"] if cuda else []
+    phases = ["forward", "backward", "optimizer"] if cuda else []
+
+    def memory_cells(s: StepStats) -> list[str]:
+        if not cuda:
+            return []
+        return [b(s.peak_allocated_bytes), b(s.peak_reserved_bytes), b(s.end_allocated_bytes)]
+
+    def phase_cells(s: StepStats) -> list[str]:
+        if not cuda:
+            return []
+        peaks = {p.name: p.peak_allocated_bytes for p in s.phases}
+        return [b(peaks[name]) if name in peaks else "" for name in phases]
+
+    def table(title: str, columns: list[str], cells: list[Any]) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, title=title)
+        for col in columns:
+            t.add_column(col, justify="right", no_wrap=True)
+        for s in rows:
+            if s is None:
+                t.add_row(GAP, *([""] * (len(columns) - 1)))
+            else:
+                t.add_row(*row_head(s), *(c for cell in cells for c in cell(s)))
+        return t
+
+    tail = ["host RSS", "time"]
+
+    def rest(s: StepStats) -> list[str]:
+        return [b(s.host_rss_bytes), _ms(s.duration_s)]
+
+    wide_phases = ["fwd peak", "bwd peak", "opt peak"] if cuda else []
+    wide = table(title, head + memory + wide_phases + tail, [memory_cells, phase_cells, rest])
+    if not cuda:
+        return fitting(wide)
+    headers = [c.replace(" ", "\n", 1) for c in memory]  # "peak\nalloc": two lines
+    narrow = Group(
+        table(title, head + headers + tail, [memory_cells, rest]),
+        table("Peak allocated in each phase, per step", head + phases, [phase_cells]),
+    )
+    return fitting(wide, narrow)
 
 
-def _epoch_table(report: Report) -> Table:
+def _epoch_table(report: Report) -> RenderableType:
     t = Table(box=box.SIMPLE_HEAD, title="Epochs")
     for col in (
         "epoch",
@@ -158,10 +187,10 @@ def _epoch_table(report: Report) -> Table:
             b(e.host_rss_bytes),
             f"{e.duration_s:.2f} s",
         )
-    return t
+    return fitting(t)
 
 
-def _category_table(report: Report) -> Table:
+def _category_table(report: Report) -> RenderableType:
     cats = report.categories_at_peak
     total = report.peak.allocated_bytes or cats.total() or None
     t = Table(box=box.SIMPLE_HEAD, title="What the peak is made of")
@@ -173,10 +202,10 @@ def _category_table(report: Report) -> Table:
         value = getattr(cats, name)
         share = value / total if value and total else 0
         t.add_row(name.replace("_", " "), b(value), _pct(value, total), "█" * round(share * 30))
-    return t
+    return fitting(t)
 
 
-def _reconciliation_table(rec: Reconciliation) -> Table:
+def _reconciliation_table(rec: Reconciliation) -> RenderableType:
     t = Table(
         box=box.SIMPLE_HEAD,
         title=f"Why nvidia-smi shows more than max_memory_allocated ({rec.moment})",
@@ -232,132 +261,208 @@ def _reconciliation_table(rec: Reconciliation) -> Table:
     t.add_row("= device total", b(rec.total_bytes), "", style="bold")
     if rec.note:
         t.caption = rec.note
-    return t
+    return fitting(t)
 
 
-def _findings(report: Report) -> Group | None:
-    if not report.findings:
+def _findings(report: Report, shown: Collection[str] = ()) -> Group | None:
+    """The findings in plain words, but those already shown above."""
+    findings = [f for f in report.findings if f.message not in shown]
+    if not findings:
         return None
     styles = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-    lines = [Text(f"• {f.message}", style=styles.get(f.severity, "")) for f in report.findings]
+    lines = [Text(f"• {f.message}", style=styles.get(f.severity, "")) for f in findings]
     return Group(Text("Findings", style="bold"), *lines)
 
 
 # ---- attribution (--detail): module tree, peak tensors, line tables ----------------------------
 
 
-def _module_table(report: Report) -> Table:
-    t = Table(
-        box=box.SIMPLE_HEAD,
-        title="Modules (largest first; activations: saved for backward; temps: peak inside)",
-    )
-    for col in (
-        "module",
-        "params",
-        "grads",
-        "optim",
-        "activations",
-        "fwd temps",
-        "bwd temps",
-        "of peak",
-        "calls",
-    ):
-        t.add_column(col, justify="left" if col == "module" else "right", no_wrap=True)
-    for m in report.modules:
-        name = m.get("name") or ""
-        depth = m.get("depth", 0) or 0
-        label = name.rsplit(".", 1)[-1] if depth > 1 else name
-        if not name:
-            label = m.get("class", "model")
-        elif m.get("class"):
-            label = f"{label} ({m['class']})"
-        calls = str(m.get("calls") or "")
-        if m.get("recomputed"):
-            calls += f" +{m['recomputed']} recomputed"
-        t.add_row(
-            "  " * depth + label,
-            _bz(m.get("parameters_bytes")),
-            _bz(m.get("gradients_bytes")),
-            _bz(m.get("optimizer_state_bytes")),
-            _bz(m.get("activations_bytes")),
-            _bz(m.get("forward_temporaries_peak_bytes")),
-            _bz(m.get("backward_temporaries_peak_bytes")),
-            f"{100 * (m.get('share_of_peak') or 0):.1f}%",
-            calls,
+def _bz(value: Any) -> str:
+    number = _n(value)
+    return b(number) if number else ""
+
+
+MODULE_HELD = (
+    ("params", "parameters_bytes"),
+    ("grads", "gradients_bytes"),
+    ("optim", "optimizer_state_bytes"),
+)
+MODULE_MADE = (
+    ("activations", "activations_bytes"),
+    ("fwd temps", "forward_temporaries_peak_bytes"),
+    ("bwd temps", "backward_temporaries_peak_bytes"),
+)
+
+
+def _module_label(m: dict[str, Any], with_class: bool = True) -> str:
+    name = _s(m.get("name"))
+    depth = _n(m.get("depth")) or 0
+    depth = int(depth) if 0 <= depth < 64 else 0
+    label = name.rsplit(".", 1)[-1] if depth > 1 else name
+    if not name:
+        label = _s(m.get("class")) or "model"
+    elif with_class and m.get("class"):
+        label = f"{label} ({_s(m['class'])})"
+    return "  " * depth + label
+
+
+def _module_calls(m: dict[str, Any]) -> str:
+    calls = _s(m.get("calls") or "")
+    if _n(m.get("recomputed")):
+        calls += f" +{m['recomputed']} recomputed"
+    return calls
+
+
+def _module_table(report: Report) -> RenderableType:
+    """The module tree; at narrow widths what modules hold and what they make are two tables."""
+    modules = _records(report.modules)
+    title = "Modules (largest first; activations: saved for backward; temps: peak inside)"
+
+    def table(
+        title: str,
+        columns: tuple[tuple[str, str], ...],
+        share: bool,
+        calls: bool,
+        with_class: bool = True,
+    ) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, title=title)
+        t.add_column("module", no_wrap=True)
+        for header, _ in columns:
+            t.add_column(header, justify="right", no_wrap=True)
+        if share:
+            t.add_column("of peak", justify="right", no_wrap=True)
+        if calls:
+            t.add_column("calls", justify="right", no_wrap=True)
+        for m in modules:
+            cells = [_module_label(m, with_class)] + [_bz(m.get(key)) for _, key in columns]
+            if share:
+                cells.append(f"{100 * (_n(m.get('share_of_peak')) or 0):.1f}%")
+            if calls:
+                cells.append(_module_calls(m))
+            t.add_row(*cells)
+        return t
+
+    def split(with_class: bool) -> Group:
+        return Group(
+            table(
+                "Modules: what they hold at the peak (largest first)",
+                MODULE_HELD,
+                share=True,
+                calls=False,
+                with_class=with_class,
+            ),
+            table(
+                "Modules: what their forward and backward make (activations: saved for "
+                "backward; temps: peak inside)",
+                MODULE_MADE,
+                share=False,
+                calls=True,
+                with_class=with_class,
+            ),
         )
-    return t
+
+    wide = table(title, MODULE_HELD + MODULE_MADE, share=True, calls=True)
+    return fitting(wide, split(with_class=True), split(with_class=False))
 
 
-def _bz(value: int | None) -> str:
-    return b(value) if value else ""
+def _tensor_cells(x: dict[str, Any]) -> dict[str, str]:
+    shape = x.get("shape")
+    text = "×".join(_s(d) for d in shape) if isinstance(shape, list) else ""
+    if x.get("dtype"):
+        text = f"{text} {_s(x['dtype'])}".strip()
+    line = _s(x.get("line"))
+    if line:  # file:line (function), the file without its folder
+        where, _, func = line.partition(" ")
+        path, _, number = where.rpartition(":")
+        line = f"{path.rsplit('/', 1)[-1]}:{number} {func}".strip()
+    return {
+        "bytes": b(_n(x.get("bytes"))),
+        "category": _s(x.get("category")).replace("_", " "),
+        "tensor / module": _s(x.get("name") or x.get("module")),
+        "phase": _s(x.get("phase")),
+        "shape": text,
+        "created at": line,
+    }
 
 
-def _peak_tensor_table(tensors: list[dict]) -> Table:
-    t = Table(box=box.SIMPLE_HEAD, title="The tensors that made the peak (largest first)")
+def _peak_tensor_table(tensors: list[dict[str, Any]]) -> RenderableType:
+    """The largest tensors at the peak; at narrow widths one line of words per tensor."""
+    title = "The tensors that made the peak (largest first)"
+    rows = [_tensor_cells(x) for x in tensors]
+    wide = Table(box=box.SIMPLE_HEAD, title=title)
     for col in ("bytes", "category", "tensor / module", "phase", "shape", "created at"):
-        t.add_column(col, justify="right" if col == "bytes" else "left", no_wrap=col == "bytes")
-    for x in tensors:
-        module = x.get("name") or x.get("module") or ""
-        shape = "×".join(str(d) for d in x["shape"]) if x.get("shape") is not None else ""
-        if x.get("dtype"):
-            shape = f"{shape} {x['dtype']}".strip()
-        line = x.get("line") or ""
-        if line:  # file:line (function), the file without its folder
-            where, _, func = line.partition(" ")
-            path, _, number = where.rpartition(":")
-            line = f"{path.rsplit('/', 1)[-1]}:{number} {func}"
-        t.add_row(
-            b(x.get("bytes")),
-            (x.get("category") or "").replace("_", " "),
-            module,
-            x.get("phase") or "",
-            shape,
-            line,
-        )
-    return t
+        wide.add_column(col, justify="right" if col == "bytes" else "left", no_wrap=True)
+    for row in rows:
+        wide.add_row(*row.values())
+    narrow = Table(box=box.SIMPLE_HEAD, title=title)
+    narrow.add_column("bytes", justify="right", no_wrap=True)
+    narrow.add_column("what, made in which phase, shape, created at", overflow="fold")
+    for row in rows:
+        words = [row["category"], row["tensor / module"], row["phase"], row["shape"]]
+        text = ", ".join(w for w in words if w)
+        if row["created at"]:
+            text += f" — {row['created at']}"
+        narrow.add_row(row["bytes"], text)
+    return fitting(wide, narrow)
 
 
-def _line_table(table: dict) -> Table:
-    device = "GPU" if str(table.get("device", "")).startswith("cuda") else "tensor"
-    t = Table(
-        box=box.SIMPLE_HEAD,
-        title=f"{table.get('function')} — {table.get('file')}",
-        caption=f"Mem usage: {device} memory allocated at the line's end / its peak while it ran; "
-        "Increment: net change, summed over hits; host RSS likewise",
+def _line_table(table: dict[str, Any]) -> RenderableType:
+    """memory_profiler's columns per source line; at narrow widths a listing of the code
+    with each line's numbers under it."""
+    device = "GPU" if _s(table.get("device")).startswith("cuda") else "tensor"
+    title = f"{_s(table.get('function'))} — {_s(table.get('file'))}"
+    caption = (
+        f"Mem usage: {device} memory allocated at the line's end / its peak while it ran; "
+        "Increment: net change, summed over hits; host RSS likewise"
     )
-    for col in (
-        "Line #",
-        "Hits",
-        "Mem usage",
-        "Peak",
-        "Increment",
-        "Host RSS",
-        "RSS incr.",
-        "Line Contents",
-    ):
-        if col == "Line Contents":
-            t.add_column(col, no_wrap=True, overflow="ellipsis", max_width=90)
-        else:
-            t.add_column(col, justify="right", no_wrap=True, min_width=len(col))
-    rows = table.get("lines", [])
+    rows = _records(table.get("lines"))
     if len(rows) > 60:  # a whole script: the lines that ran
         rows = [r for r in rows if "hits" in r]
+    columns = {
+        "Line #": lambda r, ran: _s(r.get("line")),
+        "Hits": lambda r, ran: _s(r.get("hits", "")),
+        "Mem usage": lambda r, ran: b(_n(r.get("end_bytes"))) if ran else "",
+        "Peak": lambda r, ran: b(_n(r.get("peak_bytes"))) if ran else "",
+        "Increment": lambda r, ran: _signed(_n(r.get("increment_bytes"))) if ran else "",
+        "Host RSS": lambda r, ran: b(_n(r.get("host_rss_bytes"))) if ran else "",
+        "RSS incr.": lambda r, ran: _signed(_n(r.get("host_increment_bytes"))) if ran else "",
+    }
+
+    def build(title: str, names: list[str], caption: str, code_width: int) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, title=title, caption=caption)
+        for name in names:
+            t.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+        t.add_column("Line Contents", no_wrap=True, max_width=code_width)
+        for row in rows:
+            ran = "hits" in row
+            t.add_row(*(columns[n](row, ran) for n in names), Text(_s(row.get("contents"))))
+        return t
+
+    wide = build(title, list(columns), caption, 90)
+    # narrow: a listing of the code, each line that ran followed by its numbers
+    listing = Table(
+        box=box.SIMPLE_HEAD,
+        title=title,
+        caption=f"Under each line that ran: mem: {device} memory allocated at the line's end; "
+        "peak: while it ran; incr.: net change, summed over hits; host RSS likewise",
+    )
+    listing.add_column("Line #", justify="right", no_wrap=True)
+    listing.add_column("Line Contents", overflow="fold")
     for row in rows:
-        ran = "hits" in row
-        t.add_row(
-            str(row["line"]),
-            str(row.get("hits", "")),
-            b(row.get("end_bytes")) if ran else "",
-            b(row.get("peak_bytes")) if ran else "",
-            _signed(row.get("increment_bytes")) if ran else "",
-            b(row.get("host_rss_bytes")) if ran else "",
-            _signed(row.get("host_increment_bytes")) if ran else "",
-            Text(row.get("contents", "")),
-        )
-    return t
+        cell = Text(_s(row.get("contents")))
+        if "hits" in row:
+            numbers = (
+                f"hits {_s(row.get('hits'))} · mem {columns['Mem usage'](row, True)} · "
+                f"peak {columns['Peak'](row, True)} · incr. {columns['Increment'](row, True)}"
+                f" · host RSS {columns['Host RSS'](row, True)}"
+                f" ({columns['RSS incr.'](row, True)})"
+            )
+            cell.append("\n" + numbers, style="dim")
+        listing.add_row(_s(row.get("line")), cell)
+    return fitting(wide, listing)
 
 
-def _signed(value: int | None) -> str:
+def _signed(value: int | float | None) -> str:
     if value is None:
         return ""
     return ("-" if value < 0 else "+") + b(abs(value)) if value else "0 B"
@@ -365,15 +470,16 @@ def _signed(value: int | None) -> str:
 
 def _attribution_parts(report: Report) -> list:
     parts: list = []
-    if report.modules:
+    if _records(report.modules):
         parts.append(_module_table(report))
-    tensors = report.extra.get("peak_tensors")
+    tensors = _records(report.extra.get("peak_tensors"))
     if tensors:
         parts.append(_peak_tensor_table(tensors[:10]))
-    for table in report.extra.get("lines") or []:
+    for table in _records(report.extra.get("lines")):
         parts.append(_line_table(table))
-    for note in report.extra.get("attribution_notes") or []:
-        parts.append(Text(f"attribution: {note}", style="dim"))
+    notes = report.extra.get("attribution_notes")
+    for note in notes if isinstance(notes, list) else []:
+        parts.append(Text(f"attribution: {_s(note)}", style="dim"))
     return parts
 
 
@@ -408,7 +514,15 @@ def render(report: Report) -> Group:
         if field.startswith("peak."):
             parts.append(Text(f"{field}: n/a — {why}", style="dim"))
             break
-    findings = _findings(report)
+    shown: set[str] = set()
+    fit = report.extra.get("fit")
+    if isinstance(fit, dict):  # fit and compare: what fits
+        from vramscope.fit.render import render_fit
+
+        parts.append(render_fit(fit))
+        if isinstance(fit.get("recommendation"), dict):
+            shown.add(str(fit["recommendation"].get("message")))
+    findings = _findings(report, shown)
     if findings is not None:
         parts.append(findings)
     return Group(*parts)

@@ -82,6 +82,29 @@ def read(device_index: int) -> AllocatorReading:
     return reading_from_stats(raw_stats(device_index))
 
 
+def private_pools(segments: list[dict[str, Any]], device_index: int) -> dict[str, int]:
+    """Reserved and allocated bytes in private pools (CUDA graphs, ``torch.cuda.MemPool``),
+    from a memory snapshot's segments; pool ``(0, 0)`` is the shared cache."""
+    reserved = allocated = count = 0
+    pools: set[tuple[int, ...]] = set()
+    for segment in segments:
+        if segment.get("device", device_index) != device_index:
+            continue
+        pool = tuple(segment.get("segment_pool_id") or (0, 0))
+        if pool == (0, 0):
+            continue
+        pools.add(pool)
+        count += 1
+        reserved += int(segment.get("total_size", 0))
+        allocated += int(segment.get("allocated_size", 0))
+    return {
+        "reserved_bytes": reserved,
+        "allocated_bytes": allocated,
+        "segments": count,
+        "pools": len(pools),
+    }
+
+
 def _peaks(stats: dict[str, Any], prefix: str = "") -> dict[str, int]:
     """Every ``…peak`` value in a nested stats dict, keyed by its dotted path."""
     found: dict[str, int] = {}
@@ -92,6 +115,20 @@ def _peaks(stats: dict[str, Any], prefix: str = "") -> dict[str, int]:
                 found[path] = int(value["peak"])
             found.update(_peaks(value, path + "."))
     return found
+
+
+def _peak_paths(stats: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    """Where each peak counter sits: (dotted key, outer key, inner key or None)."""
+    paths: list[tuple[str, str, str | None]] = []
+    for outer, value in stats.items():
+        if not isinstance(value, dict):
+            continue
+        if "peak" in value and not isinstance(value["peak"], dict):
+            paths.append((outer, outer, None))
+        for inner, sub in value.items():
+            if isinstance(sub, dict) and "peak" in sub and not isinstance(sub["peak"], dict):
+                paths.append((f"{outer}.{inner}", outer, inner))
+    return paths
 
 
 def _apply_peaks(stats: dict[str, Any], peaks: dict[str, int], prefix: str = "") -> None:
@@ -120,12 +157,15 @@ class PeakLedger:
         self._users = 0
         # peaks the user's own resets wiped before vramscope's next read, per device
         self._pending: dict[int, dict[str, int]] = {}
+        self._paths: list[tuple[str, str, str | None]] | None = None
 
     def read_for_tracking(self, device_index: int, reset: bool) -> dict[str, Any]:
         """The nested stats for vramscope's phase accounting, optionally resetting peaks.
 
         Peaks that a user's ``reset_peak_memory_stats()`` wiped since vramscope's last
-        reset are merged back in, so a user's reset never hides a phase's peak.
+        reset are merged back in, so a user's reset never hides a phase's peak. This runs at
+        every phase boundary: one read of the allocator, and on reset a flat pass over the
+        few dozen peak counters (no walk of the nested dict).
         """
         with self._lock:
             stats = torch._C._cuda_memoryStats(device_index)
@@ -133,11 +173,25 @@ class PeakLedger:
             if pending:
                 _apply_peaks(stats, pending)
             if reset:
-                ledger = self._peaks.setdefault(device_index, {})
-                for key, value in _peaks(stats).items():
+                paths = self._paths
+                if paths is None:
+                    paths = self._paths = _peak_paths(stats)
+                ledger = self._peaks.get(device_index)
+                if ledger is None:
+                    ledger = self._peaks[device_index] = {}
+                for key, outer, inner in paths:
+                    try:
+                        value = stats[outer][inner]["peak"] if inner else stats[outer]["peak"]
+                    except (KeyError, TypeError):  # another shape: fall back to the walk
+                        self._paths = None
+                        for k, v in _peaks(stats).items():
+                            if v > ledger.get(k, -1):
+                                ledger[k] = v
+                        break
                     if value > ledger.get(key, -1):
                         ledger[key] = value
-                self._pending.pop(device_index, None)
+                if pending is not None:
+                    del self._pending[device_index]
                 torch._C._cuda_resetPeakMemoryStats(device_index)
         return stats
 

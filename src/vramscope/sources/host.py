@@ -24,14 +24,20 @@ def host_memory() -> HostMemory:
 class ProcessTreeRss:
     """RSS of a process and its children (DataLoader workers), read cheaply and repeatedly.
 
-    Children are re-listed at most every ``relist_every`` reads; a child that ended between
+    Children are re-listed every ``relist_every`` reads and after ``relist_soon()``; a child that ended between
     two reads is skipped. Shared pages are counted once per process, as ``ps`` does.
     """
 
-    def __init__(self, pid: int | None = None, relist_every: int = 10) -> None:
+    def __init__(self, pid: int | None = None, relist_every: int = 50) -> None:
         self._root = psutil.Process(pid or os.getpid())
         self._children: list[psutil.Process] = []
         self._relist_every = relist_every
+        self._reads = 0
+
+    def relist_soon(self) -> None:
+        """Children may have started (DataLoader workers): list them at the next read.
+
+        Listing walks every process of the machine, so it is done rarely otherwise."""
         self._reads = 0
 
     def read(self) -> int:

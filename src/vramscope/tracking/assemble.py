@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -25,9 +25,11 @@ from vramscope.report.model import (
 )
 from vramscope.sources import host as host_source
 from vramscope.sources import nvml
+from vramscope.tracking.records import StepRecord
 
-if TYPE_CHECKING:
-    from vramscope.tracking.session import Session, StepRecord
+# ``session`` below is a stopped vramscope.tracking.session.Session (not imported: the
+# session imports this module to make its report)
+Session = Any
 
 CPU_REASON = "no CUDA device in use: the CPU has no caching allocator to read"
 
@@ -74,8 +76,14 @@ def assemble_report(session: Session) -> Report:
     )
 
     # ---- reconciliation and device used -------------------------------------------------------
+    seen = final.get("objects_seen") or objects
+    full_gradients = max(final.get("full_gradients", 0), final.get("full_gradients_seen", 0))
     if cuda and reading is not None:
         end = _reconcile_end(session, reading, objects, final.get("nvml"))
+        pools = final.get("private_pools") or _pools_from_attribution(session)
+        if pools is not None:
+            end.private_pools_bytes = pools["reserved_bytes"]
+            end.private_pools_allocated_bytes = pools["allocated_bytes"]
         report.reconciliation.append(end)
         context = end.context_and_libraries_bytes
         report.startup.context_and_libraries_bytes = context
@@ -89,20 +97,20 @@ def assemble_report(session: Session) -> Report:
         else:
             report.unavailable["peak.device_used_bytes"] = end.note or "NVML is not available"
         if peak.allocated_bytes is not None:
-            cats = _categories_at_peak(session, report, objects, final.get("full_gradients", 0))
+            cats = _categories_at_peak(session, report, seen, full_gradients)
             report.categories_at_peak = cats
             report.reconciliation.insert(0, _reconcile_peak(session, report, cats, end))
     else:
         cats = Categories()
-        if objects is not None:
-            cats.parameters = objects.parameters
-            cats.buffers = objects.buffers
+        if seen is not None:
+            cats.parameters = seen.parameters
+            cats.buffers = seen.buffers
             cats.gradients = (
-                max(objects.gradients, final.get("full_gradients", 0))
+                max(seen.gradients, full_gradients)
                 if any(s.backwards for s in session._steps)
-                else objects.gradients
+                else seen.gradients
             )
-            cats.optimizer_state = max(objects.optimizer_state, session._after_optimizer_state or 0)
+            cats.optimizer_state = seen.optimizer_state
         report.categories_at_peak = cats
         report.categories_note = (
             "on the CPU, parameters, buffers, gradients and optimizer state are exact from the "
@@ -113,6 +121,9 @@ def assemble_report(session: Session) -> Report:
 
     if session._oom is not None:
         report.oom = OomInfo(**session._oom)
+    notes = _tracking_notes(session)
+    if notes:
+        report.extra["tracking_notes"] = notes
     report.extra["sampler"] = {
         "interval_s": session._interval_s,
         "effective_interval_s": session._sampler.effective_interval_s if session._sampler else None,
@@ -127,6 +138,39 @@ def assemble_report(session: Session) -> Report:
         }
     add_findings(report)
     return report
+
+
+def _pools_from_attribution(session: Session) -> dict[str, int] | None:
+    from vramscope.sources.allocator import private_pools
+
+    recorder = session._attribution
+    raw = recorder.raw_snapshot() if recorder is not None else None
+    if raw is None or session._device_index is None:
+        return None
+    return private_pools(raw.get("segments", []), session._device_index)
+
+
+def _tracking_notes(session: Session) -> list[str]:
+    notes = list(session._notes)
+    if session._unseen_forwards:
+        notes.append(
+            f"{session._unseen_forwards} forward pass(es) ran where no model call was visible "
+            "(a compiled training step, or a model compiled with model.compile() before "
+            "tracking started): what ran before each backward is counted as forward; "
+            "session.watch(model) or tracking before compiling shows the forward itself"
+        )
+    if session._dropped_markers:
+        notes.append(
+            f"the timeline keeps its first {len(session._markers)} step and epoch markers; "
+            f"{session._dropped_markers} later ones were dropped"
+        )
+    if session._steps.total > len(session._steps):
+        notes.append(
+            f"a long run: its {session._steps.total} steps are kept as {len(session._steps)} "
+            "entries, later neighbours merged in pairs with their highest peaks (count, "
+            "last_index)"
+        )
+    return notes
 
 
 def _allocator_config() -> str | None:
@@ -189,6 +233,8 @@ def _step_stats(session: Session, record: StepRecord, samples: list[tuple]) -> S
         duration_s=t1 - t0,
         start_s=t0,
         phases=phases,
+        count=record.count,
+        last_index=record.last_index,
     )
 
 
@@ -201,7 +247,10 @@ def _timeline(session: Session, samples: list[tuple]) -> Timeline:
         reserved_bytes=[s[2] for s in samples],
         device_used_bytes=[s[3] for s in samples],
         host_rss_bytes=[s[4] for s in samples],
-        phases=list(session._phase_bands),
+        phases=[
+            {"name": name, "step": step, "start_s": start, "end_s": end}
+            for name, step, start, end in session._phase_bands
+        ],
         markers=list(session._markers),
         dropped_phase_bands=session._dropped_bands,
     )
@@ -212,14 +261,13 @@ def _categories_at_peak(
 ) -> Categories:
     """Split the peak into categories: objects exact, the rest from phase-boundary counters."""
     step_index, phase_name = session._peak_where
-    step = next((s for s in report.steps if s.index == step_index), None)
+    record = session._peak_record
     peak = report.peak.allocated_bytes or 0
     params, buffers = objects.parameters, objects.buffers
-    opt_full = max(objects.optimizer_state, session._after_optimizer_state or 0)
+    opt_full = objects.optimizer_state
     first_optimizer_step = min(
         (s.index for s in report.steps for p in s.phases if p.name == "optimizer"), default=None
     )
-    record = next((r for r in session._steps if r.index == step_index), None)
     opt_state = opt_full
     if (
         first_optimizer_step is None
@@ -238,8 +286,8 @@ def _categories_at_peak(
     baseline = session._first_reading.allocated_bytes if session._first_reading else 0
     other = max(0, baseline - params - buffers)
     activations = 0
-    if step is not None:
-        backward = next((p for p in step.phases if p.name == "backward"), None)
+    if record is not None:
+        backward = record.phases.get("backward")
         if backward is not None and backward.start_allocated_bytes is not None:
             held = params + buffers + other + (grads if grads_live else 0)
             held += opt_state if phase_name != "optimizer" else opt_full
@@ -344,6 +392,8 @@ def _reconcile_peak(
             rounding_bytes=rounding,
         ),
         reserved_bytes=peak.reserved_bytes,
+        private_pools_bytes=end.private_pools_bytes,
+        private_pools_allocated_bytes=end.private_pools_allocated_bytes,
         context_and_libraries_bytes=end.context_and_libraries_bytes,
         device_used_bytes=peak.device_used_bytes,
         other_processes_bytes=end.other_processes_bytes,

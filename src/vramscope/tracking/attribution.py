@@ -1,9 +1,11 @@
 """Per-module, per-category and per-line attribution of a real run: the recording side.
 
-The cost is kept to markers. Forward pre/post hooks on every module append
-``["m", module]``/``["x", module]`` to a list; a hook on the autograd node of a module's
-output appends ``["b", module]`` when the gradient reaches it; the session appends phases
-and steps. No hook reads the allocator. On CUDA the allocations come from the
+The cost is kept to markers. When the session finds a model, every module of it down to
+``depth`` is marked and its class gets the thin call wrapper of :mod:`vramscope.tracking.hooks`
+(modules deeper, and every other module, keep nn.Module's fast path, and torch.compile never
+sees a hook); a marked module's call appends ``["m", module]``/``["x", module]`` to a list; a
+hook on the autograd node of its output appends ``["b", module]`` when the gradient reaches
+it; the session appends phases and steps. No hook reads the allocator. On CUDA the allocations come from the
 allocator's own trace (``torch.cuda.memory._record_memory_history``); at every marker the
 allocator's user metadata is set to the marker count (behind a token unique to the
 session: the allocator keeps it per thread, and a thread keeps a previous session's), so
@@ -126,7 +128,6 @@ class Recorder:
         # modules nested deeper than this place no markers: what they allocate counts to
         # their ancestor at this depth (None: every module is marked)
         self.marker_depth = marker_depth
-        self._depths: dict[int, int | None] = {}
         self.device_index = device_index
         self.lines = lines
         self.stacks = stacks
@@ -139,6 +140,8 @@ class Recorder:
         self.notes: list[str] = []
         self.modules: list[weakref.ref[torch.nn.Module]] = []
         self._index: dict[int, int] = {}
+        self._marked: dict[int, int] = {}  # id(module) -> index, for modules that place markers
+        self._listening = False
         self._classes: list[str] = []
         self._codes: list[str | None] = []  # where each module's forward is defined
         self._names: dict[int, tuple[int, str]] = {}  # module -> (root, dotted name)
@@ -178,19 +181,17 @@ class Recorder:
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> Recorder:
-        from torch.nn.modules.module import (
-            register_module_forward_hook,
-            register_module_forward_pre_hook,
-        )
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
             register_optimizer_step_pre_hook,
         )
 
+        from vramscope.tracking import hooks
+
         self.active = True
         try:
-            self._handles.append(register_module_forward_pre_hook(self._pre))
-            self._handles.append(register_module_forward_hook(self._post, always_call=True))
+            hooks.add_listener(self)
+            self._listening = True
             self._handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
             self._handles.append(register_optimizer_step_post_hook(self._optimizer_post))
             if self.device_type == "cpu":
@@ -235,6 +236,11 @@ class Recorder:
             self._tracer.stop()
 
     def _remove_hooks(self) -> None:
+        if self._listening:
+            from vramscope.tracking import hooks
+
+            hooks.remove_listener(self)
+            self._listening = False
         for handle in self._handles + self._node_handles:
             with contextlib.suppress(Exception):
                 handle.remove()
@@ -392,12 +398,21 @@ class Recorder:
     def _name_tree(self, root: torch.nn.Module, root_index: int) -> None:
         """Remember the dotted names under a root now, in case the model is gone at the end."""
         compiled = hasattr(root, "_orig_mod") and type(root).__name__ == "OptimizedModule"
-        if compiled:
+        if compiled or getattr(root, "_compiled_call_impl", None) is not None:
+            model = root._orig_mod if compiled else root
             self.notes.append(
-                f"{type(root._orig_mod).__name__} runs under torch.compile: what its compiled "
-                "code allocates is attributed to the compiled call (row _orig_mod); modules "
-                "inside compiled code run no hooks, so they show only what ran eagerly"
+                f"{type(model).__name__} runs under torch.compile: what its compiled "
+                "code allocates is attributed to the compiled call"
+                + (" (row _orig_mod)" if compiled else "")
+                + "; modules inside compiled code run no hooks, so they show only what ran "
+                "eagerly"
             )
+            if self.device_type == "cpu":
+                self.notes.append(
+                    "on the CPU, --detail modules sees allocations through a dispatch mode, "
+                    "and torch.compile runs code eagerly while one is active: the compiled "
+                    "model ran uncompiled in this run (on CUDA it stays compiled)"
+                )
         for name, module in root.named_modules():
             index = self.module_index(module)
             if compiled and name.startswith("_orig_mod."):
@@ -411,42 +426,28 @@ class Recorder:
             index = self._register(module)
         return index
 
-    def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        if not self.active or _is_compiling():
-            return
-        index = self._index.get(id(module))
-        if index is None or self.modules[index]() is not module:
-            index = self._register(module)
-        if not self.stack and self.phase != "backward":
-            self._new_root(module, index)
-        if self.marker_depth is not None and self._too_deep(index):
-            self.stack.append(-1)  # keeps the nesting; no marker, no backward hook
+    def _enter(self, module: torch.nn.Module) -> None:
+        """A call of a wrapped class begins (see hooks.wrap_class): marked modules mark it."""
+        index = self._marked.get(id(module))
+        if index is None or not self.active or self.modules[index]() is not module:
             return
         self.stack.append(index)
         self.mark([ENTER, index])
 
-    def _too_deep(self, index: int) -> bool:
-        depth = self._depths.get(index, -1)
-        if depth == -1:
-            named = self._names.get(index)
-            depth = (named[1].count(".") + 1 if named[1] else 0) if named else None
-            self._depths[index] = depth
-        return depth is not None and self.marker_depth is not None and depth > self.marker_depth
-
-    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self.active or _is_compiling() or not self.stack:
+    def _exit(self, module: torch.nn.Module, output: Any = None) -> None:
+        index = self._marked.get(id(module))
+        if index is None or not self.active or not self.stack or self.stack[-1] != index:
             return
-        index = self.stack.pop()
-        if index < 0:
-            return
+        self.stack.pop()
         self.mark([EXIT, index])
         if (
-            self.phase != "backward"
+            output is not None
+            and self.phase != "backward"
             and len(self.stack) < self.backward_depth
             and torch.is_grad_enabled()
         ):
             tensor = _first_grad_tensor(output)
-            if tensor is not None:
+            if tensor is not None:  # the gradient reaching this output is a backward marker
                 recorder = self
 
                 def reached(grad_outputs: Any, index: int = index) -> None:
@@ -455,6 +456,24 @@ class Recorder:
 
                 with contextlib.suppress(Exception):
                     self._node_handles.append(tensor.grad_fn.register_prehook(reached))
+
+    def on_root(self, module: torch.nn.Module) -> None:
+        """The session saw a model's outermost call: mark its modules down to the depth."""
+        if not self.active or _is_compiling():
+            return
+        index = self.module_index(module)
+        if index in self._roots:
+            return
+        self._new_root(module, index)
+        from vramscope.tracking import hooks
+
+        for name, sub in _named_modules(module):
+            depth = name.count(".") + 1 if name else 0
+            if self.marker_depth is not None and depth > self.marker_depth:
+                continue
+            sub_index = self.module_index(sub)
+            self._marked[id(sub)] = sub_index
+            hooks.wrap_class(type(sub), instance=sub)
 
     def _new_root(self, module: torch.nn.Module, index: int) -> None:
         if index in self._roots:
@@ -842,6 +861,15 @@ def _forward_code(module: torch.nn.Module) -> str | None:
         code = type(module).forward.__code__
         return f"{code.co_filename}:{code.co_firstlineno} ({type(module).__name__}.forward)"
     return None
+
+
+def _named_modules(root: torch.nn.Module) -> Iterable[tuple[str, torch.nn.Module]]:
+    """``root.named_modules()`` with a compiled model's own names (no ``_orig_mod.``)."""
+    compiled = hasattr(root, "_orig_mod") and type(root).__name__ == "OptimizedModule"
+    for name, module in root.named_modules():
+        if compiled and name.startswith("_orig_mod."):
+            name = name[len("_orig_mod.") :]
+        yield name, module
 
 
 def _contains(root: torch.nn.Module | None, module: torch.nn.Module) -> bool:

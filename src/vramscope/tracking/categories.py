@@ -48,6 +48,48 @@ def tensors_in(value: object) -> Iterable[torch.Tensor]:
             yield from tensors_in(v)
 
 
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds this process's bytes: a DTensor's (FSDP2, tensor parallel)
+    local shard, the tensor itself otherwise."""
+    local = getattr(tensor, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else tensor
+
+
+def _storage_on(tensor: torch.Tensor | None, device_type: str) -> torch.UntypedStorage | None:
+    """The storage behind ``tensor`` when it lives on ``device_type`` (None otherwise, and
+    for sparse or other layouts and tensor subclasses without a storage)."""
+    if tensor is None:
+        return None
+    tensor = local_tensor(tensor)
+    if tensor.device.type != device_type or tensor.layout != torch.strided:
+        return None
+    try:
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def full_gradient_bytes(models: Iterable[torch.nn.Module], device_type: str) -> int:
+    """What the gradients of every trainable parameter take once all exist (each storage
+    once; frozen parameters have none)."""
+    seen: set[int] = set()
+    total = 0
+    for model in models:
+        for p in model.parameters():
+            if not p.requires_grad:
+                continue
+            storage = _storage_on(p, device_type)
+            if storage is None:
+                continue
+            key = storage.data_ptr()
+            if key in seen:
+                continue
+            seen.add(key)
+            local = local_tensor(p)
+            total += block_bytes(local.numel() * local.element_size(), device_type)
+    return total
+
+
 def object_categories(
     models: Iterable[torch.nn.Module],
     optimizers: Iterable[torch.optim.Optimizer],
@@ -59,11 +101,9 @@ def object_categories(
     result = ObjectCategories()
 
     def add(tensor: torch.Tensor | None, field: str) -> None:
-        if tensor is None or tensor.device.type != device_type:
+        storage = _storage_on(tensor, device_type)
+        if storage is None:
             return
-        if tensor.is_sparse or tensor.layout != torch.strided:
-            return
-        storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key == 0 or key in seen:  # fake/meta tensors have no data pointer
             return

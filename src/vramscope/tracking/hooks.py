@@ -1,22 +1,52 @@
-"""Global hooks that find the phases of an unmodified training loop, at the cost of a call.
+"""Hooks that find the phases of an unmodified training loop, at a cost per step, not per module.
 
-Forward: PyTorch's global module forward pre/post hooks (a depth counter finds the
-outermost call). Backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` wrapped
-(``Tensor.backward`` goes through the former). Optimizer: PyTorch's global optimizer
-step hooks. zero_grad: ``Optimizer.zero_grad`` and ``Module.zero_grad`` wrapped. Data and
-epochs: the DataLoader iterator's ``__next__`` and ``DataLoader.__iter__`` wrapped.
-Everything is undone by :meth:`GlobalHooks.remove`, also when the run raised.
+Forward: the outermost call of a *model* (a module with parameters). Each model's class gets a
+thin ``__call__`` wrapper, one Python call per call of that class, so every other module keeps
+``nn.Module``'s fast path. (A global module hook would send every module call down the slow
+path, which made tracking cost grow with the number of module calls; torch.compile also
+guards on the number of global hooks, so adding or removing one recompiles.) Models are found
+by :meth:`GlobalHooks.adopt` (``Session.watch``) and during short *discovery* windows, in which
+``nn.Module.__call__`` itself is wrapped: the first step, a new pass over a DataLoader, and the
+step after a backward whose forward nobody saw.
+
+Backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` wrapped (``Tensor.backward``
+goes through the former). Optimizer: PyTorch's global optimizer step hooks. zero_grad:
+``Optimizer.zero_grad`` and ``Module.zero_grad`` wrapped. Data and epochs: the DataLoader
+iterator's ``__next__`` and ``DataLoader.__iter__`` wrapped.
+
+Every wrapper returns at once while ``torch.compile`` traces (``torch.compiler.is_compiling()``),
+before it reads anything of ours, so dynamo never traces vramscope: no graph break, no guard,
+no recompilation. Wrappers live on classes, not instances, so a model can still be deep-copied
+or pickled while tracked (and its pickle never refers to vramscope). Other recorders (the
+per-module attribution) receive every call of a wrapped class, and what it returned, through
+:func:`add_listener`.
+Everything is undone when the last hook set is removed, also when the run raised.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import sys
+import threading
+import weakref
 from typing import Any, Protocol
 
 import torch
 import torch.utils.data.dataloader as dataloader_module
+
+_is_compiling = torch.compiler.is_compiling
+_MODULE_CALL = torch.nn.Module.__call__  # nn.Module's own, before anyone wraps it
+
+_LOCK = threading.RLock()
+# what receives the calls of wrapped classes (``_enter(module)``/``_exit(module)``); a tuple,
+# replaced on change, so a wrapper reads it without a lock
+_LISTENERS: tuple[Any, ...] = ()
+_DISCOVERING: tuple[GlobalHooks, ...] = ()  # hook sets with a discovery window open
+_MISSING = object()
+# class -> what its own __dict__ held under "__call__" before we wrapped it (or _MISSING)
+_WRAPPED: dict[type, Any] = {}
+_MODEL_CLASSES: set[type] = set()  # every call of these (and subclasses) is reported
+_INSTANCES: set[int] = set()  # ids of single modules whose calls are reported
 
 
 class PhaseListener(Protocol):
@@ -29,7 +59,187 @@ class PhaseListener(Protocol):
     def on_zero_grad(self) -> None: ...
     def on_data(self, loader_id: int | None) -> None: ...
     def on_loader_iter(self, loader: Any) -> None: ...
-    def on_oom_in_module(self, module: torch.nn.Module) -> None: ...
+
+
+def _never_compiled(function: Any) -> Any:
+    """Tell dynamo to run ``function``'s frame as it is, compiling only what it calls.
+
+    Our wrappers run where the user's code runs; when torch.compile's frame callback meets
+    one as a new frame (the eager part around a graph break), it would otherwise try to
+    compile it and count a graph break the plain run does not have. The mark is per code
+    object, so one call covers every closure made from the same ``def``.
+    """
+    with contextlib.suppress(Exception):
+        from torch._dynamo.eval_frame import skip_code
+
+        skip_code(function.__code__)
+    return function
+
+
+try:  # torch.compile's frame callback: set while compiled code runs its eager parts
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback as _frame_callback
+    from torch._C._dynamo.eval_frame import set_eval_frame as _set_frame_callback
+except ImportError:  # pragma: no cover - a torch without dynamo's C part
+    _frame_callback = None  # type: ignore[assignment]
+
+
+def _outside_dynamo(function: Any, *args: Any) -> Any:
+    """Call ``function`` with torch.compile's frame callback off, so none of vramscope's
+    bookkeeping is ever analysed or compiled (only where a callback is set: costs ~30 ns)."""
+    if _frame_callback is None or _frame_callback() is None:
+        return function(*args)
+    prior = _set_frame_callback(None)
+    try:
+        return function(*args)
+    finally:
+        _set_frame_callback(prior)
+
+
+def _call_of(cls: type) -> Any:
+    """``cls.__call__`` as it would be without vramscope's wrappers."""
+    for klass in cls.__mro__:
+        own = klass.__dict__.get("__call__")
+        if own is None:
+            continue
+        if klass in _WRAPPED:
+            own = _WRAPPED[klass]
+            if own is _MISSING:
+                continue
+        if own is _discovering_call:
+            return _MODULE_CALL
+        return own
+    return _MODULE_CALL
+
+
+def _calling(module: torch.nn.Module, call: Any, args: Any, kwargs: Any) -> Any:
+    listeners = _LISTENERS
+    if _frame_callback is not None and _frame_callback() is not None:
+        return _calling_quietly(listeners, module, call, args, kwargs)
+    for listener in listeners:
+        listener._enter(module)
+    output = None
+    try:
+        output = call(module, *args, **kwargs)
+        return output
+    finally:
+        for listener in reversed(listeners):
+            listener._exit(module, output)
+
+
+def _enter_all(listeners: tuple[Any, ...], module: torch.nn.Module) -> None:
+    for listener in listeners:
+        listener._enter(module)
+
+
+def _exit_all(listeners: tuple[Any, ...], module: torch.nn.Module, output: Any) -> None:
+    for listener in reversed(listeners):
+        listener._exit(module, output)
+
+
+def _calling_quietly(
+    listeners: tuple[Any, ...], module: torch.nn.Module, call: Any, args: Any, kwargs: Any
+) -> Any:
+    """``_calling`` in the eager part of compiled code: only the user's call is compiled."""
+    _outside_dynamo(_enter_all, listeners, module)
+    output = None
+    try:
+        output = call(module, *args, **kwargs)
+        return output
+    finally:
+        _outside_dynamo(_exit_all, listeners, module, output)
+
+
+def wrap_class(cls: type, instance: torch.nn.Module | None = None) -> None:
+    """Report the calls of ``cls`` to every listener: of all its instances (a model's class),
+    or only of ``instance`` (a module that places attribution markers); idempotent."""
+    with _LOCK:
+        if not issubclass(cls, torch.nn.Module) or issubclass(cls, torch.jit.ScriptModule):
+            return
+        if instance is None:
+            _MODEL_CLASSES.add(cls)
+        else:
+            _INSTANCES.add(id(instance))
+        if cls in _WRAPPED:
+            return
+        original = _call_of(cls)
+
+        def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if _is_compiling():  # first, so dynamo reads nothing of ours
+                return original(self, *args, **kwargs)
+            if not _LISTENERS or (cls not in _MODEL_CLASSES and id(self) not in _INSTANCES):
+                return original(self, *args, **kwargs)
+            return _calling(self, original, args, kwargs)
+
+        __call__.__vramscope_wrapper__ = True  # type: ignore[attr-defined]
+        _never_compiled(__call__)
+        _WRAPPED[cls] = cls.__dict__.get("__call__", _MISSING)
+        type.__setattr__(cls, "__call__", __call__)
+
+
+def _wanted(module: torch.nn.Module) -> bool:
+    return any(hooks.wants(module) for hooks in _DISCOVERING)
+
+
+def _discovering_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``nn.Module.__call__`` while a discovery window is open: finds the models."""
+    if _is_compiling():
+        return _MODULE_CALL(self, *args, **kwargs)
+    cls = type(self)
+    if cls not in _WRAPPED and _outside_dynamo(_wanted, self):
+        wrap_class(cls)  # its next calls go through the class wrapper
+        return _calling(self, _MODULE_CALL, args, kwargs)
+    return _MODULE_CALL(self, *args, **kwargs)
+
+
+for _function in (_outside_dynamo, _discovering_call, _calling, _calling_quietly):
+    _never_compiled(_function)
+
+
+def _set_discovering(hooks: GlobalHooks, on: bool) -> None:
+    global _DISCOVERING
+    with _LOCK:
+        others = tuple(h for h in _DISCOVERING if h is not hooks)
+        _DISCOVERING = (*others, hooks) if on else others
+        patched = torch.nn.Module.__dict__.get("__call__") is _discovering_call
+        if _DISCOVERING and not patched:
+            type.__setattr__(torch.nn.Module, "__call__", _discovering_call)
+        elif not _DISCOVERING and patched:
+            type.__setattr__(torch.nn.Module, "__call__", _MODULE_CALL)
+
+
+def add_listener(listener: Any) -> None:
+    """Receive ``_enter(module)``/``_exit(module)`` for every call of a wrapped class."""
+    global _LISTENERS
+    with _LOCK:
+        _LISTENERS = (*_LISTENERS, listener)
+
+
+def remove_listener(listener: Any) -> None:
+    """Stop receiving calls; the wrappers go once nobody listens."""
+    global _LISTENERS
+    with _LOCK:
+        _LISTENERS = tuple(item for item in _LISTENERS if item is not listener)
+        if not _LISTENERS:
+            _unwrap_classes()
+
+
+def _unwrap_classes() -> None:
+    with _LOCK:
+        for cls, own in list(_WRAPPED.items()):
+            if getattr(cls.__dict__.get("__call__"), "__vramscope_wrapper__", False):
+                if own is _MISSING:
+                    type.__delattr__(cls, "__call__")
+                else:  # the user replaced it since: leave theirs
+                    type.__setattr__(cls, "__call__", own)
+        _WRAPPED.clear()
+        _MODEL_CLASSES.clear()
+        _INSTANCES.clear()
+
+
+def wrapped_classes() -> list[type]:
+    """The classes whose calls are tracked now (for tests and diagnostics)."""
+    with _LOCK:
+        return list(_WRAPPED)
 
 
 class GlobalHooks:
@@ -37,31 +247,79 @@ class GlobalHooks:
 
     def __init__(self, listener: PhaseListener) -> None:
         self.listener = listener
-        self.depth = 0
+        self.depth = 0  # nesting of model calls (a model inside a model counts once)
         self.in_backward = 0
-        self.module_stack: list[torch.nn.Module] = []
+        self.discovering = False
+        self._installed = False
         self._handles: list[Any] = []
         self._patches: list[tuple[Any, str, Any]] = []
+        self._has_params: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._forwards_since_discovery = 0
+        self._forward_since_optimizer = False
 
-    # ---- module hooks -------------------------------------------------------------------
-    def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        if self.in_backward:  # recomputation under activation checkpointing
-            return
-        self.module_stack.append(module)
+    # ---- models ------------------------------------------------------------------------------
+    def is_model(self, module: torch.nn.Module) -> bool:
+        """A module with parameters (an ``nn.CrossEntropyLoss`` is not a model)."""
+        try:
+            known = self._has_params.get(module)
+        except TypeError:  # a module that cannot be a weak key
+            return next(module.parameters(), None) is not None
+        if known is None:
+            known = self._has_params[module] = next(module.parameters(), None) is not None
+        return known
+
+    def wants(self, module: torch.nn.Module) -> bool:
+        """Whether a call seen by discovery is a model's outermost call."""
+        return not self.depth and not self.in_backward and self.is_model(module)
+
+    def adopt(self, module: torch.nn.Module) -> None:
+        """Track the calls of ``module``'s class from now on (``Session.watch``)."""
+        if isinstance(module, torch.nn.Module):
+            wrap_class(type(module))
+
+    def _enter(self, module: torch.nn.Module) -> None:
         self.depth += 1
-        if self.depth == 1:
+        if self.depth == 1 and not self.in_backward:  # not a recomputation (checkpointing)
+            self._forward_since_optimizer = True
+            if self.discovering:
+                self._forwards_since_discovery += 1
             self.listener.on_forward_start(module)
 
-    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self.in_backward:
+    def _exit(self, module: torch.nn.Module, output: Any = None) -> None:
+        if self.depth > 0:
+            self.depth -= 1
+            if self.depth == 0 and not self.in_backward:
+                self.listener.on_forward_end(module)
+
+    # ---- discovery ---------------------------------------------------------------------------
+    def set_discovery(self, on: bool) -> None:
+        """Open or close a discovery window (every module call costs a little while open)."""
+        if on == self.discovering or not self._installed:
             return
-        if self.module_stack:
-            if sys.exc_info()[0] is torch.cuda.OutOfMemoryError:
-                self.listener.on_oom_in_module(self.module_stack[-1])
-            self.module_stack.pop()
-        self.depth = max(0, self.depth - 1)
-        if self.depth == 0:
-            self.listener.on_forward_end(module)
+        self.discovering = on
+        if on:
+            self._forwards_since_discovery = 0
+        _set_discovering(self, on)
+
+    def on_step_boundary(self) -> None:
+        """A step with a forward ended: the models it used are known, discovery can close."""
+        if self.discovering and self._forwards_since_discovery:
+            self.set_discovery(False)
+
+    def _optimizer_ended(self, optimizer: torch.optim.Optimizer) -> None:
+        self.listener.on_optimizer_end(optimizer)
+        self.on_step_boundary()
+
+    def _backward_starts(self) -> None:
+        if not self._forward_since_optimizer:
+            self.set_discovery(True)  # a forward nobody saw: find its model next time
+        self.listener.on_backward_start()
+
+    def _loader_iter(self, loader: Any) -> None:
+        self.listener.on_loader_iter(loader)
+        self.set_discovery(True)  # a new pass (an epoch, a validation loop)
 
     # ---- patching helpers ----------------------------------------------------------------
     def _patch(self, owner: Any, name: str, make: Any) -> None:
@@ -70,10 +328,6 @@ class GlobalHooks:
         setattr(owner, name, make(original))
 
     def install(self) -> None:
-        from torch.nn.modules.module import (
-            register_module_forward_hook,
-            register_module_forward_pre_hook,
-        )
         from torch.optim.optimizer import (
             register_optimizer_step_post_hook,
             register_optimizer_step_pre_hook,
@@ -81,30 +335,41 @@ class GlobalHooks:
 
         listener = self.listener
         hooks = self
-        self._handles.append(register_module_forward_pre_hook(self._pre))
-        self._handles.append(register_module_forward_hook(self._post, always_call=True))
-        self._handles.append(
-            register_optimizer_step_pre_hook(lambda opt, a, k: listener.on_optimizer_start(opt))
-        )
-        self._handles.append(
-            register_optimizer_step_post_hook(lambda opt, a, k: listener.on_optimizer_end(opt))
-        )
+
+        def optimizer_pre(opt: Any, args: Any, kwargs: Any) -> None:
+            if _is_compiling():
+                return
+            hooks.depth = 0  # never inside a forward: heals a forward left by KeyboardInterrupt
+            _outside_dynamo(listener.on_optimizer_start, opt)
+
+        def optimizer_post(opt: Any, args: Any, kwargs: Any) -> None:
+            if _is_compiling():
+                return
+            hooks._forward_since_optimizer = False
+            _outside_dynamo(hooks._optimizer_ended, opt)
+
+        _never_compiled(optimizer_pre)
+        _never_compiled(optimizer_post)
+        self._handles.append(register_optimizer_step_pre_hook(optimizer_pre))
+        self._handles.append(register_optimizer_step_post_hook(optimizer_post))
 
         def wrap_backward(original: Any) -> Any:
             @functools.wraps(original)
             def backward(*args: Any, **kwargs: Any) -> Any:
+                if _is_compiling():
+                    return original(*args, **kwargs)
                 outermost = hooks.in_backward == 0
                 if outermost:
-                    listener.on_backward_start()
+                    _outside_dynamo(hooks._backward_starts)
                 hooks.in_backward += 1
                 try:
                     return original(*args, **kwargs)
                 finally:
                     hooks.in_backward -= 1
                     if outermost:
-                        listener.on_backward_end()
+                        _outside_dynamo(listener.on_backward_end)
 
-            return backward
+            return _never_compiled(backward)
 
         self._patch(torch.autograd, "backward", wrap_backward)
         self._patch(torch.autograd, "grad", wrap_backward)
@@ -112,10 +377,11 @@ class GlobalHooks:
         def wrap_zero_grad(original: Any) -> Any:
             @functools.wraps(original)
             def zero_grad(*args: Any, **kwargs: Any) -> Any:
-                listener.on_zero_grad()
+                if not _is_compiling():
+                    _outside_dynamo(listener.on_zero_grad)
                 return original(*args, **kwargs)
 
-            return zero_grad
+            return _never_compiled(zero_grad)
 
         self._patch(torch.optim.Optimizer, "zero_grad", wrap_zero_grad)
         self._patch(torch.nn.Module, "zero_grad", wrap_zero_grad)
@@ -123,31 +389,40 @@ class GlobalHooks:
         def wrap_next(original: Any) -> Any:
             @functools.wraps(original)
             def __next__(self_iter: Any) -> Any:
-                listener.on_data(getattr(self_iter, "_vramscope_loader_id", None))
+                if not _is_compiling():
+                    loader_id = getattr(self_iter, "_vramscope_loader_id", None)
+                    _outside_dynamo(listener.on_data, loader_id)
                 return original(self_iter)
 
-            return __next__
+            return _never_compiled(__next__)
 
         def wrap_iter(original: Any) -> Any:
             @functools.wraps(original)
             def __iter__(self_loader: Any) -> Any:
-                listener.on_loader_iter(self_loader)
+                if not _is_compiling():
+                    _outside_dynamo(hooks._loader_iter, self_loader)
                 iterator = original(self_loader)
                 with contextlib.suppress(AttributeError):
                     iterator._vramscope_loader_id = id(self_loader)
                 return iterator
 
-            return __iter__
+            return _never_compiled(__iter__)
 
         self._patch(dataloader_module._BaseDataLoaderIter, "__next__", wrap_next)
         self._patch(dataloader_module.DataLoader, "__iter__", wrap_iter)
+        add_listener(self)
+        self._installed = True
+        self.set_discovery(True)
 
     def remove(self) -> None:
+        self.set_discovery(False)
+        self._installed = False
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         for owner, name, original in reversed(self._patches):
             setattr(owner, name, original)
         self._patches.clear()
+        remove_listener(self)
         self.depth = 0
-        self.module_stack.clear()
+        self._has_params.clear()

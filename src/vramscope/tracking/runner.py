@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import runpy
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -34,6 +37,74 @@ def apply_allocator_config(config: str | None) -> None:
     os.environ["PYTORCH_ALLOC_CONF"] = config
 
 
+# what a scheduler, `timeout`, `kill` or a closed terminal send to stop a job
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+class Terminated(BaseException):
+    """A stop signal (SIGTERM, SIGHUP) arrived while tracked code ran.
+
+    Raised in the main thread at the next Python bytecode (after the torch operator that was
+    running returns), it unwinds the user's code so that the partial report is still written.
+    A BaseException, as KeyboardInterrupt is, so the user's ``except Exception`` lets it pass.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.signal_name}")
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell reports for a process killed by this signal: 128 + its number."""
+        return 128 + self.signum
+
+
+class StopSignals:
+    """While active, SIGTERM and SIGHUP end the tracked code and leave its report.
+
+    The first signal of a kind raises ``Terminated`` while ``armed`` (the user's code runs),
+    and is only noted otherwise (the report is being written: it is finished first); either
+    way that signal's default disposition is restored, so a second one ends the process at
+    once. Handlers are installed before the user's code runs: a script that installs its own
+    replaces them, and its own handling wins. Only the main thread can receive them, so
+    elsewhere nothing is installed. The previous handlers come back on exit.
+    """
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.received: Terminated | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.armed = False
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def arm(self) -> None:
+        """The user's code starts: a signal now raises (one that came before, at once)."""
+        if self.received is not None:
+            raise self.received
+        self.armed = True
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        if self.received is None:
+            self.received = Terminated(signum)
+        if self.armed:
+            self.armed = False
+            raise self.received
+
+
 def _print_user_traceback(exc: BaseException, script: Path) -> None:
     """Print the script's traceback as Python would, without vramscope's own frames."""
     tb = exc.__traceback__
@@ -43,8 +114,19 @@ def _print_user_traceback(exc: BaseException, script: Path) -> None:
     traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
 
 
-def run_script(script: str | Path, args: list[str], session: Session) -> tuple[Report, int]:
-    """Run ``script`` with ``args`` as ``__main__`` under ``session``; (report, exit code)."""
+def run_script(
+    script: str | Path, args: list[str], session: Session, stops: StopSignals | None = None
+) -> tuple[Report, int]:
+    """Run ``script`` with ``args`` as ``__main__`` under ``session``; (report, exit code).
+
+    SIGTERM and SIGHUP end the script as Ctrl-C does: the report says so
+    (``exit.status == "terminated"``, ``exit.signal``) and the code is 128 + the signal's
+    number (143, 129). ``stops``: handlers installed by the caller, to also cover what it
+    does after (writing files); by default they are installed for the run only.
+    """
+    if stops is None:
+        with StopSignals() as own:
+            return run_script(script, args, session, own)
     path = Path(script)
     if not path.is_file():
         raise VramscopeError(f"no such script: {path}")
@@ -58,7 +140,13 @@ def run_script(script: str | Path, args: list[str], session: Session) -> tuple[R
     code = 0
     session.start()
     try:
-        runpy.run_path(str(path), run_name="__main__")
+        stops.arm()
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        finally:
+            stops.armed = False
+    except Terminated:
+        pass  # recorded below: the signal decides the exit, whatever unwound the script
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
@@ -72,13 +160,23 @@ def run_script(script: str | Path, args: list[str], session: Session) -> tuple[R
         _print_user_traceback(exc, path)
         session.record_exception(exc)
     finally:
+        if stops.received is not None:
+            code = stops.received.exit_code
+            session.set_exit("terminated", code, str(stops.received))
         session.stop()
         sys.argv = saved_argv
         with contextlib.suppress(ValueError):
             sys.path.remove(str(path.resolve().parent))
         if saved_path0 is not None and (not sys.path or sys.path[0] != saved_path0):
             sys.path.insert(0, saved_path0)
-    return session.report(), code
+    return _with_signal(session.report(), stops), code
+
+
+def _with_signal(report: Report, stops: StopSignals) -> Report:
+    """Name the stop signal in the report, when one ended the run."""
+    if stops.received is not None and report.exit.status == "terminated":
+        report.exit.signal = stops.received.signal_name
+    return report
 
 
 def _source_file(builder: Any) -> Any:
@@ -104,13 +202,16 @@ def measure(
     depth: int = 3,
     lines_of: list[Any] | None = None,
     snapshot: str | None = None,
+    stops: StopSignals | None = None,
 ) -> Report:
     """Build a workload and measure ``steps`` real steps, the first included.
 
     ``workload`` is a spec (``file.py:fn``, ``example:cnn``…) or a build function.
     An out-of-memory error leaves an OOM report (``report.exit.status == "oom"``).
     ``detail``, ``depth``, ``lines_of`` and ``snapshot`` are the Session's attribution
-    options; lines default to the file that defines the workload.
+    options; lines default to the file that defines the workload. ``stops``: installed
+    stop-signal handlers (the CLI's), so that SIGTERM/SIGHUP end the steps with a report;
+    without them a signal does what the program says.
     """
     if not isinstance(steps, int) or steps < 1:
         raise VramscopeError(f"steps must be 1 or more, not {steps!r}")
@@ -136,6 +237,8 @@ def measure(
     losses: list[float | None] = []
     session.start()
     try:
+        if stops is not None:
+            stops.arm()
         w = build_workload(spec.builder, batch_size, target, spec.spec)
         w = w.with_overrides(precision=precision, accumulate=accumulate)
         session.workload_info.update(
@@ -154,10 +257,16 @@ def measure(
             session.step()
     except VramscopeError:
         raise
+    except Terminated:
+        pass  # recorded below
     except BaseException as exc:  # the user's step failed: keep the partial report
         session.record_exception(exc)
     finally:
+        if stops is not None:
+            stops.armed = False
+            if stops.received is not None:
+                session.set_exit("terminated", stops.received.exit_code, str(stops.received))
         session.stop()
-    report = session.report()
+    report = session.report() if stops is None else _with_signal(session.report(), stops)
     report.extra["losses"] = losses
     return report

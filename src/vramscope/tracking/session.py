@@ -1,8 +1,12 @@
 """The tracking Session: phase and step bookkeeping for a real run, turned into a Report.
 
 Cost model: at each phase boundary (a handful per step) one read of the allocator's nested
-counters and one peak reset; a background thread samples the timeline. Nothing reads the
-allocator per module, nothing dispatches per op, nothing keeps a tensor alive.
+counters and one peak reset; a background thread samples the timeline. Nothing runs per
+module call (only each model's outermost call is seen), nothing reads the allocator per
+module, nothing dispatches per op, nothing keeps a tensor alive. The objects' bytes
+(parameters, gradients, optimizer state) are counted when a model or optimizer is first
+seen and at the end, so a model that is gone (or moved off the device) by the end still
+has its categories.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -23,43 +26,25 @@ from vramscope.report.model import PhaseStats, Report
 from vramscope.sources import allocator, nvml
 from vramscope.sources.allocator import LEDGER, AllocatorReading
 from vramscope.sources.host import ProcessTreeRss
+from vramscope.tracking.categories import ObjectCategories
 from vramscope.tracking.hooks import GlobalHooks
+from vramscope.tracking.records import PhaseRecord, StepHistory, StepRecord
 from vramscope.tracking.sampler import Sample, Sampler
 
 F = TypeVar("F", bound=Callable[..., Any])
-MAX_PHASE_BANDS = 20_000
+MAX_PHASE_BANDS = 10_000  # timeline bands and markers kept (the first ones)
+NVML_PROCESS_INTERVAL_S = 1.0
 
 
-@dataclass
-class StepRecord:
-    """A step being recorded (mutable); becomes a report StepStats when finished."""
-
-    index: int
-    epoch: int
-    start_s: float
-    start_allocated: int | None
-    end_s: float | None = None
-    end_allocated: int | None = None
-    forwards: int = 0
-    backwards: int = 0
-    saw_optimizer: bool = False
-    grad_forward: bool = False
-    grads_live_at_start: bool | None = None
-    forward_modules: set[int] = field(default_factory=set)
-    phases: dict[str, PhaseStats] = field(default_factory=dict)
-
-
-@dataclass
-class PhaseRecord:
-    name: str
-    start_s: float
-    start_allocated: int | None
+# at a phase boundary: (allocated now, peak allocated and peak reserved since the last
+# boundary, the allocator's nested stats for a full reading when this is a new peak)
+_Light = tuple[int, int, int, dict[str, Any]]
 
 
 class Session:
     """Tracks the memory of whatever runs inside it (``with vramscope.track() as s: ...``).
 
-    Steps and phases are found by global hooks (forward, backward, optimizer, zero_grad,
+    Steps and phases are found by hooks (forward, backward, optimizer, zero_grad,
     DataLoader); ``step()`` and ``epoch()`` mark them explicitly instead when called.
     """
 
@@ -74,6 +59,7 @@ class Session:
         status: bool = True,
         hooks: bool = True,
         manual_steps: bool = False,
+        manual_epochs: bool = False,
         depth: int = 3,
         lines_of: list[Any] | None = None,
         snapshot: str | None = None,
@@ -108,16 +94,21 @@ class Session:
         self._has_params: weakref.WeakKeyDictionary[torch.nn.Module, bool] = (
             weakref.WeakKeyDictionary()
         )
+        self._first_trainable: weakref.WeakKeyDictionary[torch.nn.Module, Any] = (
+            weakref.WeakKeyDictionary()
+        )
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self._steps: list[StepRecord] = []
+        self._steps = StepHistory()
         self._step: StepRecord | None = None
+        self._peak_record: StepRecord | None = None  # the step of the peak, never merged
         self._phase: PhaseRecord | None = None
-        self._phase_bands: list[dict[str, Any]] = []
+        self._phase_bands: list[tuple[str, int, float, float]] = []
         self._dropped_bands = 0
         self._markers: list[dict[str, Any]] = []
+        self._dropped_markers = 0
         self._epoch = 0
         self._explicit_steps = manual_steps
-        self._explicit_epochs = False
+        self._explicit_epochs = manual_epochs
         self._force_new_step = False
         self._main_loader: Callable[[], Any] | None = None
         self._main_loader_iters = 0
@@ -128,9 +119,20 @@ class Session:
         self._peak_reserved = 0
         self._peak_where: tuple[int | None, str | None] = (None, None)
         self._peak_requested: int | None = None
-        self._after_optimizer_state: int | None = None
-        self._oom_module: str | None = None
-        self._oom_module_obj: weakref.ref[torch.nn.Module] | None = None
+        # the objects' bytes, the highest seen (a model gone by the end keeps its bytes)
+        self._objects_seen = ObjectCategories()
+        self._full_gradients_seen = 0
+        self._optimizer_state: dict[int, int] = {}  # id(optimizer) -> its state's bytes
+        self._census_due = False  # an optimizer whose state is not yet counted
+        self._unseen_forwards = 0
+        # peaks of the phase that is open, from before a window() reset its counters
+        self._carry_allocated = 0
+        self._carry_reserved = 0
+        self._window_allocated = -1  # peaks since the last window()
+        self._window_reserved = -1
+        self._nvml_read_at = -1e9  # when the sampler last asked NVML for our process's memory
+        self._context_bytes: int | None = None  # device used - reserved, at that reading
+        self._notes: list[str] = []
         self._exit: dict[str, Any] = {"status": "ok", "code": 0, "error": None}
         self._oom: dict[str, Any] | None = None
         self._final: dict[str, Any] = {}
@@ -159,6 +161,8 @@ class Session:
         if self._use_hooks:
             self._hooks = GlobalHooks(self)
             self._hooks.install()
+            for model in list(self._models):
+                self._hooks.adopt(model)
         if self.detail != "default" or self._attribution_options["snapshot"]:  # attribution
             from vramscope.tracking.attribution import start_recorder
 
@@ -179,13 +183,13 @@ class Session:
         self._running = False
         try:
             now = time.perf_counter()
-            reading = self._read(reset=False) if self._device_index is not None else None
-            self._close_phase(now, reading)
-            self._finish_step(now, reading)
+            light = self._read_light(reset=False)
+            self._close_phase(now, light)
+            self._finish_step(now, light)
             if self._sampler is not None:
                 with contextlib.suppress(Exception):
                     self._sampler.sample_now()
-            self._final = self._final_readings(reading)
+            self._final = self._final_readings(light[3] if light else None)
         finally:
             if self._attribution is not None:  # attribution: remove its hooks first
                 from vramscope.tracking.attribution import stop_recorder
@@ -205,10 +209,13 @@ class Session:
     def step(self) -> None:
         """Mark the end of a step (call once per iteration, like ``profiler.step()``)."""
         self._explicit_steps = True
+        if not self._running:
+            return
         now = time.perf_counter()
-        reading = self._transition_reading(now)
-        self._finish_step(now, reading)
-        self._begin_step(now, reading)
+        light = self._read_light(reset=True)
+        self._close_phase(now, light)
+        self._finish_step(now, light)
+        self._begin_step(now, light)
 
     def epoch(self) -> None:
         """Mark the end of an epoch; the next step belongs to the next epoch."""
@@ -222,12 +229,50 @@ class Session:
         self._first_reading_rss = self._rss_main.read()
 
     def watch(self, *objects: torch.nn.Module | torch.optim.Optimizer) -> None:
-        """Tell the session about models and optimizers before they are first used."""
+        """Tell the session about models and optimizers before they are first used.
+
+        A watched model's calls are seen even when it was compiled with
+        ``model.compile()`` before tracking started.
+        """
         for obj in objects:
             if isinstance(obj, torch.nn.Module):
                 self._models.add(obj)
+                if self._hooks is not None:
+                    self._hooks.adopt(obj)
+                if self._running:
+                    self._count_objects()
             elif isinstance(obj, torch.optim.Optimizer):
                 self._optimizers.add(obj)
+                self._census_due = True
+
+    def window(self) -> dict[str, int | None]:
+        """The peaks since the previous ``window()`` (or the start), for metrics logged per
+        step: ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``allocated_bytes``,
+        ``reserved_bytes`` (None without CUDA) and ``host_rss_bytes``.
+
+        Exact and harmless: the phase that is open keeps its own peak, and the user's
+        ``torch.cuda.max_memory_allocated()`` is not touched.
+        """
+        result: dict[str, int | None] = dict.fromkeys(
+            ("peak_allocated_bytes", "peak_reserved_bytes", "allocated_bytes", "reserved_bytes")
+        )
+        result["host_rss_bytes"] = self._rss_main.read()
+        if not self._running:
+            return result
+        light = self._read_light(reset=True)
+        if light is None:
+            return result
+        allocated, peak_allocated, peak_reserved, raw = light
+        self._carry_allocated = max(self._carry_allocated, peak_allocated)
+        self._carry_reserved = max(self._carry_reserved, peak_reserved)
+        result.update(
+            peak_allocated_bytes=max(self._window_allocated, peak_allocated),
+            peak_reserved_bytes=max(self._window_reserved, peak_reserved),
+            allocated_bytes=allocated,
+            reserved_bytes=raw["reserved_bytes"]["all"]["current"],
+        )
+        self._window_allocated = self._window_reserved = -1
+        return result
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -287,15 +332,42 @@ class Session:
             self._first_reading = reading
         return reading
 
+    def _read_light(self, reset: bool) -> _Light | None:
+        """The three numbers a phase boundary needs (and the stats they came from)."""
+        if self._device_index is None and not self._ensure_device():
+            return None
+        stats = LEDGER.read_for_tracking(self._device_index, reset=reset)
+        allocated = stats["allocated_bytes"]["all"]
+        if self._first_reading is None:
+            self._first_reading = allocator.reading_from_stats(stats)
+        return (
+            allocated["current"],
+            allocated["peak"],
+            stats["reserved_bytes"]["all"]["peak"],
+            stats,
+        )
+
     def _sample(self, t: float) -> Sample:
+        """One timeline sample (on the sampler's thread).
+
+        NVML's per-process query is slow and takes the driver's locks, so it runs at most
+        every ``NVML_PROCESS_INTERVAL_S``; in between, device used is reserved plus the
+        context and libraries measured at the last query.
+        """
         allocated = reserved = used = None
         if self._device_index is not None or (self._running and self._ensure_device()):
             stats = allocator.raw_stats(self._device_index)
             allocated = allocator._all(stats, "allocated_bytes", "current")
             reserved = allocator._all(stats, "reserved_bytes", "current")
             if self._nvml_device is not None:
-                with contextlib.suppress(Exception):
-                    used = self._nvml_device.process_used_bytes()
+                if t - self._nvml_read_at >= NVML_PROCESS_INTERVAL_S:
+                    self._nvml_read_at = t
+                    with contextlib.suppress(Exception):
+                        used = self._nvml_device.process_used_bytes()
+                    if used is not None:
+                        self._context_bytes = used - reserved
+                elif self._context_bytes is not None:
+                    used = reserved + self._context_bytes
         return (t - self._t0, allocated, reserved, used, self._rss_sampler.read())
 
     def _tick(self, sample: Sample) -> None:
@@ -316,100 +388,147 @@ class Session:
                 device_uuid=self._device_uuid,
             )
 
-    # ---- phase and step bookkeeping -------------------------------------------------------
-    def _transition_reading(self, now: float) -> AllocatorReading | None:
-        reading = self._read(reset=True)
-        self._close_phase(now, reading)
-        return reading
+    # ---- the objects' bytes ------------------------------------------------------------------
+    def _count_objects(self) -> None:
+        """Count the models' and optimizers' bytes now, keeping the highest seen."""
+        from vramscope.tracking.categories import full_gradient_bytes, object_categories
 
+        models, optimizers = list(self._models), list(self._optimizers)
+        now = object_categories(models, optimizers, self._device_type)
+        seen = self._objects_seen
+        seen.parameters = max(seen.parameters, now.parameters)
+        seen.buffers = max(seen.buffers, now.buffers)
+        seen.gradients = max(seen.gradients, now.gradients)
+        self._full_gradients_seen = max(
+            self._full_gradients_seen, full_gradient_bytes(models, self._device_type)
+        )
+        for opt in optimizers:
+            state = object_categories([], [opt], self._device_type).optimizer_state
+            if state:
+                self._optimizer_state[id(opt)] = max(self._optimizer_state.get(id(opt), 0), state)
+        seen.optimizer_state = max(seen.optimizer_state, sum(self._optimizer_state.values()))
+
+    # ---- phase and step bookkeeping -------------------------------------------------------
     def _transition(self, name: str, new_step: bool = False) -> None:
         if not self._running:
             return
         now = time.perf_counter()
-        reading = self._transition_reading(now)
+        light = self._read_light(reset=True)
+        self._close_phase(now, light)
         if self._step is None or new_step or self._force_new_step:
-            self._finish_step(now, reading)
-            self._begin_step(now, reading)
-        self._phase = PhaseRecord(name, now, reading.allocated_bytes if reading else None)
+            self._finish_step(now, light)
+            self._begin_step(now, light)
+        self._phase = PhaseRecord(name, now, light[0] if light is not None else None)
         if self._attribution is not None:  # attribution: a phase marker
             self._attribution.on_phase(name)
 
-    def _close_phase(self, now: float, reading: AllocatorReading | None) -> None:
+    def _close_phase(self, now: float, light: _Light | None) -> None:
         phase, step = self._phase, self._step
         self._phase = None
         if phase is None or step is None:
+            if light is not None:  # before the first phase: still part of the run's peak
+                self._peak_outside_phases(light)
             return
-        stats = step.phases.get(phase.name)
+        name = phase.name
+        stats = step.phases.get(name)
         if stats is None:
-            stats = step.phases[phase.name] = PhaseStats(
-                name=phase.name,
+            stats = step.phases[name] = PhaseStats(
+                name=name,
                 start_allocated_bytes=phase.start_allocated,
                 count=0,
                 step=step.index,
             )
         stats.count += 1
         stats.duration_s += now - phase.start_s
-        if reading is not None:
-            stats.peak_allocated_bytes = max(
-                stats.peak_allocated_bytes or 0, reading.peak_allocated_bytes
-            )
-            stats.peak_reserved_bytes = max(
-                stats.peak_reserved_bytes or 0, reading.peak_reserved_bytes
-            )
-            stats.end_allocated_bytes = reading.allocated_bytes
-            self._peak_reserved = max(self._peak_reserved, reading.peak_reserved_bytes)
-            if reading.peak_allocated_bytes > self._peak_allocated:
-                self._peak_allocated = reading.peak_allocated_bytes
-                self._peak_close = reading
-                self._peak_where = (step.index, phase.name)
+        if light is not None:
+            allocated, peak_allocated, peak_reserved, raw = light
+            if self._carry_allocated or self._carry_reserved:
+                peak_allocated = max(peak_allocated, self._carry_allocated)
+                peak_reserved = max(peak_reserved, self._carry_reserved)
+                self._carry_allocated = self._carry_reserved = 0
+            if peak_allocated > self._window_allocated:
+                self._window_allocated = peak_allocated
+            if peak_reserved > self._window_reserved:
+                self._window_reserved = peak_reserved
+            if stats.peak_allocated_bytes is None or peak_allocated > stats.peak_allocated_bytes:
+                stats.peak_allocated_bytes = peak_allocated
+            if stats.peak_reserved_bytes is None or peak_reserved > stats.peak_reserved_bytes:
+                stats.peak_reserved_bytes = peak_reserved
+            stats.end_allocated_bytes = allocated
+            if peak_reserved > self._peak_reserved:
+                self._peak_reserved = peak_reserved
+            if peak_allocated > self._peak_allocated:
+                self._peak_allocated = peak_allocated
+                self._peak_close = allocator.reading_from_stats(raw)
+                self._peak_where = (step.index, name)
+                self._peak_record = step
         if len(self._phase_bands) < MAX_PHASE_BANDS:
-            self._phase_bands.append(
-                {
-                    "name": phase.name,
-                    "step": step.index,
-                    "start_s": phase.start_s - self._t0,
-                    "end_s": now - self._t0,
-                }
-            )
+            self._phase_bands.append((name, step.index, phase.start_s - self._t0, now - self._t0))
         else:
             self._dropped_bands += 1
-        if phase.name == "optimizer" and self._after_optimizer_state is None:
-            from vramscope.tracking.categories import object_categories
+        if name == "optimizer" and self._census_due:
+            self._census_due = False
+            self._count_objects()
 
-            self._after_optimizer_state = object_categories(
-                [], list(self._optimizers), self._device_type
-            ).optimizer_state
+    def _peak_outside_phases(self, light: _Light) -> None:
+        _allocated, peak_allocated, peak_reserved, raw = light
+        peak_allocated = max(peak_allocated, self._carry_allocated)
+        peak_reserved = max(peak_reserved, self._carry_reserved)
+        self._carry_allocated = self._carry_reserved = 0
+        self._window_allocated = max(self._window_allocated, peak_allocated)
+        self._window_reserved = max(self._window_reserved, peak_reserved)
+        self._peak_reserved = max(self._peak_reserved, peak_reserved)
+        if peak_allocated > self._peak_allocated:
+            self._peak_allocated = peak_allocated
+            self._peak_close = allocator.reading_from_stats(raw)
+            self._peak_where = (None, None)
+            self._peak_record = None
 
-    def _finish_step(self, now: float, reading: AllocatorReading | None) -> None:
+    def _finish_step(self, now: float, light: _Light | None) -> None:
         step = self._step
         if step is None:
             return
         step.end_s = now
-        step.end_allocated = reading.allocated_bytes if reading else None
+        step.end_allocated = light[0] if light is not None else None
         self._step = None
-        if step.forwards == 0 and step.backwards == 0 and not step.saw_optimizer:
+        step.forward_modules.clear()  # needed only while the step is open
+        if (
+            step.forwards == 0
+            and step.backwards == 0
+            and not step.saw_optimizer
+            and step is not self._peak_record
+        ):
             return  # only data loading (the loader's last, empty fetch) or nothing
         self._steps.append(step)
+        if step.forwards and self._hooks is not None:
+            self._hooks.on_step_boundary()
 
-    def _begin_step(self, now: float, reading: AllocatorReading | None) -> None:
+    def _begin_step(self, now: float, light: _Light | None) -> None:
         self._force_new_step = False
-        index = self._steps[-1].index + 1 if self._steps else 0
+        index = 0
+        last = self._steps.last
+        if last is not None:
+            index = (last.last_index if last.last_index is not None else last.index) + 1
         self._step = StepRecord(
             index=index,
             epoch=self._epoch,
             start_s=now,
-            start_allocated=reading.allocated_bytes if reading else None,
+            start_allocated=light[0] if light is not None else None,
         )
-        self._markers.append({"kind": "step", "index": index, "t": now - self._t0})
+        self._marker({"kind": "step", "index": index, "t": now - self._t0})
         if self._attribution is not None:  # attribution: a step marker
             self._attribution.on_step(index)
+
+    def _marker(self, marker: dict[str, Any]) -> None:
+        if len(self._markers) < MAX_PHASE_BANDS:
+            self._markers.append(marker)
+        else:
+            self._dropped_markers += 1
 
     def _new_epoch(self) -> None:
         self._epoch += 1
         self._force_new_step = True
-        self._markers.append(
-            {"kind": "epoch", "index": self._epoch, "t": time.perf_counter() - self._t0}
-        )
+        self._marker({"kind": "epoch", "index": self._epoch, "t": time.perf_counter() - self._t0})
 
     @property
     def _device_type(self) -> str:
@@ -422,7 +541,19 @@ class Session:
             self._has_params[module] = known
             if known:
                 self._models.add(module)
+                self._count_objects()
         return known
+
+    def _grads_live(self, module: torch.nn.Module) -> bool:
+        """Whether the model's gradients exist (its first trainable parameter's does)."""
+        ref = self._first_trainable.get(module)
+        param = ref() if ref is not None else None
+        if param is None:
+            param = next((p for p in module.parameters() if p.requires_grad), None)
+            if param is None:
+                return False
+            self._first_trainable[module] = weakref.ref(param)
+        return param.grad is not None
 
     # ---- hook callbacks (PhaseListener) -------------------------------------------------
     def on_forward_start(self, module: torch.nn.Module) -> None:
@@ -448,10 +579,12 @@ class Session:
             or (self._phase is None or self._phase.name != "forward")
         ):
             self._transition("forward", new_step=new_step)
+        if self._attribution is not None:  # attribution: mark the model's modules
+            self._attribution.on_root(module)
         step = self._step
         if step is not None:
             if step.forwards == 0:
-                step.grads_live_at_start = _grads_live(module)
+                step.grads_live_at_start = self._grads_live(module)
             step.forwards += 1
             step.grad_forward = step.grad_forward or grad
             step.forward_modules.add(id(module))
@@ -462,6 +595,25 @@ class Session:
     def on_backward_start(self) -> None:
         if not self._running:
             return
+        step, phase = self._step, self._phase
+        if step is not None and step.forwards == 0 and phase is not None:
+            # the forward ran where no model call was visible (compiled code, or a model
+            # compiled before tracking started): what ran before this backward was it
+            if phase.name in ("zero_grad", "data", "other"):
+                phase.name = "forward"
+            step.forwards += 1
+            step.grad_forward = True
+            self._unseen_forwards += 1
+        elif (
+            step is not None
+            and step.backwards
+            and not self._explicit_steps
+            and not self._optimizers
+            and self._unseen_forwards
+        ):
+            # no optimizer step is visible (a compiled training step): a backward after
+            # a backward starts a new step
+            self._force_new_step = True
         self._transition("backward")
         if self._step is not None:
             self._step.backwards += 1
@@ -472,7 +624,9 @@ class Session:
     def on_optimizer_start(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._running:
             return
-        self._optimizers.add(optimizer)
+        if optimizer not in self._optimizers:
+            self._optimizers.add(optimizer)
+            self._census_due = True
         self._transition("optimizer")
 
     def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None:
@@ -500,7 +654,10 @@ class Session:
     def on_loader_iter(self, loader: Any) -> None:
         """A new pass over the first dataset iterated is a new epoch; another one (a
         validation loop) starts a new step. New DataLoader objects per epoch count too."""
-        if not self._running or self._explicit_epochs:
+        if not self._running:
+            return
+        self._rss_sampler.relist_soon()  # DataLoader workers start now
+        if self._explicit_epochs:
             return
         source = getattr(loader, "dataset", loader)
         main = self._main_loader() if self._main_loader is not None else None
@@ -517,19 +674,22 @@ class Session:
         else:
             self._force_new_step = True
 
-    def on_oom_in_module(self, module: torch.nn.Module) -> None:
-        if self._oom_module_obj is None:
-            self._oom_module_obj = weakref.ref(module)
-
     # ---- results -----------------------------------------------------------------------------
-    def _final_readings(self, reading: AllocatorReading | None) -> dict[str, Any]:
-        from vramscope.tracking.categories import object_categories
+    def _final_readings(self, stats: dict[str, Any] | None) -> dict[str, Any]:
+        from vramscope.tracking.categories import full_gradient_bytes, object_categories
 
+        reading = allocator.reading_from_stats(stats) if stats is not None else None
         final: dict[str, Any] = {"reading": reading, "nvml": None}
-        final["objects"] = object_categories(
-            list(self._models), list(self._optimizers), self._device_type
-        )
-        final["full_gradients"] = _full_gradient_bytes(list(self._models), self._device_type)
+        models, optimizers = list(self._models), list(self._optimizers)
+        final["objects"] = object_categories(models, optimizers, self._device_type)
+        final["full_gradients"] = full_gradient_bytes(models, self._device_type)
+        self._count_objects()
+        final["objects_seen"] = self._objects_seen
+        final["full_gradients_seen"] = self._full_gradients_seen
+        if reading is not None and self._attribution is None:  # attribution snapshots itself
+            with contextlib.suppress(Exception):
+                segments = torch.cuda.memory_snapshot()
+                final["private_pools"] = allocator.private_pools(segments, self._device_index)
         if self._nvml_device is not None:
             with contextlib.suppress(Exception):
                 final["nvml"] = {
@@ -542,17 +702,12 @@ class Session:
     def _oom_details(self, exc: BaseException) -> dict[str, Any]:
         from vramscope.tracking.oom import oom_details
 
-        module_name = None
-        if self._oom_module_obj is not None:
-            module = self._oom_module_obj()
-            if module is not None:
-                module_name = _qualified_name(module, list(self._models))
         return oom_details(
             exc,
             device_index=self._device_index,
             phase=self._phase.name if self._phase else None,
             step=self._step.index if self._step else None,
-            module=module_name,
+            module=_module_in_traceback(exc, list(self._models)),
             nvml_device=self._nvml_device,
         )
 
@@ -571,32 +726,17 @@ class Session:
         return self._report
 
 
-def _grads_live(module: torch.nn.Module) -> bool:
-    for p in module.parameters():
-        if p.requires_grad:
-            return p.grad is not None
-    return False
-
-
-def _full_gradient_bytes(models: list[torch.nn.Module], device_type: str) -> int:
-    """What the gradients of every trainable parameter take once all exist."""
-    from vramscope.tracking.categories import block_bytes
-
-    seen: set[int] = set()
-    total = 0
-    for model in models:
-        for p in model.parameters():
-            if not p.requires_grad or p.device.type != device_type:
-                continue
-            key = p.untyped_storage().data_ptr()
-            if key in seen:
-                continue
-            seen.add(key)
-            total += block_bytes(p.numel() * p.element_size(), device_type)
-    return total
-
-
-def _qualified_name(module: torch.nn.Module, models: list[torch.nn.Module]) -> str:
+def _module_in_traceback(exc: BaseException, models: list[torch.nn.Module]) -> str | None:
+    """The innermost module whose ``forward`` the error came through, by its dotted name."""
+    module = None
+    tb = exc.__traceback__
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self")
+        if isinstance(candidate, torch.nn.Module):
+            module = candidate
+        tb = tb.tb_next
+    if module is None:
+        return None
     for model in models:
         for name, sub in model.named_modules():
             if sub is module:

@@ -1,0 +1,151 @@
+"""What a tracking Session keeps per step and phase: records, and the bounded step history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from vramscope.report.aggregate import merge_phase
+from vramscope.report.model import PhaseStats
+
+
+@dataclass
+class StepRecord:
+    """A step being recorded (mutable); becomes a report StepStats when finished.
+
+    A record can stand for several consecutive steps of a long run (``count``), merged by
+    :class:`StepHistory` to keep the history bounded.
+    """
+
+    index: int
+    epoch: int
+    start_s: float
+    start_allocated: int | None
+    end_s: float | None = None
+    end_allocated: int | None = None
+    forwards: int = 0
+    backwards: int = 0
+    saw_optimizer: bool = False
+    grad_forward: bool = False
+    grads_live_at_start: bool | None = None
+    forward_modules: set[int] = field(default_factory=set)
+    phases: dict[str, PhaseStats] = field(default_factory=dict)
+    count: int = 1
+    last_index: int | None = None
+
+
+def _fold_phases(into: dict[str, PhaseStats], phases: dict[str, PhaseStats]) -> None:
+    for name, p in phases.items():
+        m = into.get(name)
+        if m is None:
+            m = into[name] = PhaseStats(name=name, count=0, step=p.step)
+        merge_phase(m, p, p.step)
+
+
+def _merge_records(a: StepRecord, b: StepRecord) -> StepRecord:
+    """One record for two neighbouring ones: highest peaks, summed counts and times."""
+    merged = StepRecord(
+        index=a.index,
+        epoch=a.epoch,
+        start_s=a.start_s,
+        start_allocated=a.start_allocated,
+        grads_live_at_start=a.grads_live_at_start,
+        count=0,
+    )
+    _absorb(merged, a)
+    _absorb(merged, b)
+    return merged
+
+
+def _absorb(into: StepRecord, record: StepRecord) -> None:
+    """Fold ``record`` (the next step) into ``into`` in place: peaks kept, counts summed."""
+    _fold_phases(into.phases, record.phases)
+    into.end_s = record.end_s
+    into.end_allocated = record.end_allocated
+    into.forwards += record.forwards
+    into.backwards += record.backwards
+    into.saw_optimizer = into.saw_optimizer or record.saw_optimizer
+    into.grad_forward = into.grad_forward or record.grad_forward
+    into.count += record.count
+    into.last_index = record.last_index if record.last_index is not None else record.index
+
+
+class StepHistory:
+    """The finished steps of a run, in bounded memory whatever the run's length.
+
+    The first ``head`` steps are kept as they are (warm-up is where memory changes most).
+    Later ones are kept one entry per ``stride`` steps of the same epoch, folded together
+    with each phase's highest peak, so no peak is lost; when ``capacity`` entries are
+    reached, later neighbours are merged pairwise and the stride doubles. A step costs one
+    in-place fold; the pairwise merges happen a logarithmic number of times.
+    """
+
+    def __init__(self, capacity: int = 2048, head: int = 128) -> None:
+        self.capacity = max(capacity, head + 16)
+        self.head = head
+        self.records: list[StepRecord] = []
+        self.total = 0  # steps, merged ones counted one by one
+        self.stride = 1
+        self._pending: StepRecord | None = None
+
+    def append(self, record: StepRecord) -> None:
+        self.total += record.count
+        if self.stride == 1 or len(self.records) < self.head:
+            self._store(record)
+            return
+        pending = self._pending
+        if pending is not None and pending.epoch != record.epoch:
+            self._store(pending)
+            pending = self._pending = None
+        if pending is None:
+            self._pending = record
+        else:
+            _absorb(pending, record)
+        if self._pending is not None and self._pending.count >= self.stride:
+            self._store(self._pending)
+            self._pending = None
+
+    def _store(self, record: StepRecord) -> None:
+        self.records.append(record)
+        if len(self.records) >= self.capacity:
+            self._merge()
+
+    def _merge(self) -> None:
+        kept = self.records[: self.head]
+        rest = self.records[self.head :]
+        i = 0
+        while i < len(rest):
+            a = rest[i]
+            if i + 1 < len(rest) and rest[i + 1].epoch == a.epoch:
+                kept.append(_merge_records(a, rest[i + 1]))
+                i += 2
+            else:
+                kept.append(a)
+                i += 1
+        self.records = kept
+        self.stride *= 2
+
+    def _all(self) -> list[StepRecord]:
+        return self.records if self._pending is None else [*self.records, self._pending]
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self.records) + (self._pending is not None)
+
+    def __bool__(self) -> bool:
+        return bool(self.records) or self._pending is not None
+
+    @property
+    def last(self) -> StepRecord | None:
+        if self._pending is not None:
+            return self._pending
+        return self.records[-1] if self.records else None
+
+
+@dataclass
+class PhaseRecord:
+    name: str
+    start_s: float
+    start_allocated: int | None

@@ -1,0 +1,241 @@
+"""Parameters, gradients and optimizer state behind the wrappers people use, from real runs.
+
+Each case trains a few steps on the CPU under tracking and compares the report's categories
+with the bytes of the objects themselves (each storage once): a model wrapped in
+DataParallel, DDP or FSDP2, two models and two optimizers, a shared and a frozen parameter,
+an optimizer made after the first forward, and objects gone before tracking stops.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterable, Iterator
+
+import pytest
+import torch
+from torch import nn
+
+import vramscope
+from vramscope.report.model import Report
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def _unique_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        storage = _local(t).untyped_storage()
+        seen.setdefault(storage.data_ptr(), storage.nbytes())
+    return sum(seen.values())
+
+
+def _state_tensors(optimizers: Iterable[torch.optim.Optimizer]) -> Iterator[torch.Tensor]:
+    for opt in optimizers:
+        for state in opt.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    yield value
+
+
+def expected(models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
+    params = [p for m in models for p in m.parameters()]
+    return {
+        "parameters": _unique_bytes(params),
+        "gradients": _unique_bytes(p for p in params if p.requires_grad),
+        "optimizer_state": _unique_bytes(_state_tensors(optimizers)),
+    }
+
+
+def measured(report: Report) -> dict[str, int]:
+    c = report.categories_at_peak
+    return {
+        "parameters": c.parameters,
+        "gradients": c.gradients,
+        "optimizer_state": c.optimizer_state,
+    }
+
+
+def within(got: dict[str, int], want: dict[str, int], share: float = 0.001) -> None:
+    for key, value in want.items():
+        assert abs(got[key] - value) <= share * value, (key, got, want)
+
+
+def train(model: nn.Module, optimizers: list[torch.optim.Optimizer], steps: int = 3) -> None:
+    for _ in range(steps):
+        loss = model(torch.randn(8, 32)).square().mean()
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+
+
+def test_data_parallel_counts_the_wrapped_model():
+    model = nn.DataParallel(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with vramscope.track() as session:
+        train(model, [opt])
+    within(measured(session.report()), expected([model], [opt]))
+
+
+def test_two_models_and_two_optimizers():
+    generator, critic = mlp(), nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    opt_c = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    with vramscope.track() as session:
+        for _ in range(3):
+            fake = generator(torch.randn(8, 32))
+            critic(fake.detach()).mean().backward()
+            opt_c.step()
+            opt_c.zero_grad(set_to_none=True)
+            (-critic(fake).mean()).backward()
+            opt_g.step()
+            opt_g.zero_grad(set_to_none=True)
+            opt_c.zero_grad(set_to_none=True)
+    within(measured(session.report()), expected([generator, critic], [opt_g, opt_c]))
+
+
+class SharedAndFrozen(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 32)
+        self.embed.weight.requires_grad_(False)  # frozen: a parameter, with no gradient
+        shared = nn.Linear(32, 32)
+        self.a = nn.Sequential(shared, nn.ReLU())
+        self.b = nn.Sequential(shared, nn.Tanh())  # the same Linear under two names
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(self.embed(x)))
+
+
+def test_shared_parameter_counted_once_and_frozen_one_counted_as_a_parameter():
+    model = SharedAndFrozen()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with vramscope.track() as session:
+        for _ in range(3):
+            model(torch.randint(0, 100, (8, 4))).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    want = expected([model], [opt])
+    assert want["parameters"] == (100 * 32 + 32 * 32 + 32) * 4
+    assert want["gradients"] == (32 * 32 + 32) * 4
+    within(measured(session.report()), want)
+
+
+def test_optimizer_created_after_the_first_forward():
+    model = mlp()
+    with vramscope.track() as session:
+        model(torch.randn(8, 32)).square().mean().backward()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        train(model, [opt], steps=2)
+    within(measured(session.report()), expected([model], [opt]))
+
+
+def test_objects_gone_before_tracking_stops_keep_their_bytes():
+    model = nn.DataParallel(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with vramscope.track() as session:
+        train(model, [opt])
+        want = expected([model], [opt])
+        del model, opt
+        gc.collect()
+    within(measured(session.report()), want)
+
+
+@pytest.fixture
+def process_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def test_distributed_data_parallel(process_group):
+    model = nn.parallel.DistributedDataParallel(mlp())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with vramscope.track() as session:
+        train(model, [opt])
+    within(measured(session.report()), expected([model], [opt]))
+
+
+def test_fsdp2_fully_shard_counts_the_local_shards(process_group):
+    fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
+    model = mlp()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with vramscope.track() as session:
+        train(model, [opt])
+    want = expected([model], [opt])
+    assert want["parameters"] == sum(p.numel() for p in mlp().parameters()) * 4
+    within(measured(session.report()), want)
+
+
+def test_accelerate_prepared_model_and_optimizer():
+    accelerate = pytest.importorskip("accelerate")
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    accelerator = accelerate.Accelerator(cpu=True)
+    model, opt = accelerator.prepare(model, opt)
+    with vramscope.track() as session:
+        for _ in range(3):
+            accelerator.backward(model(torch.randn(8, 32)).square().mean())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    within(measured(session.report()), expected([model], [opt.optimizer]))
+
+
+SCRIPT = """
+import json
+import torch
+from torch import nn
+
+
+def main():
+    model = nn.DataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        model(torch.randn(8, 32)).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    print("EXPECTED " + json.dumps({"parameters": params, "gradients": params,
+                                     "optimizer_state": params}))
+
+
+if __name__ == "__main__":
+    main()  # the model and optimizer are gone when the script ends
+"""
+
+
+def test_run_script_whose_model_dies_with_main_keeps_categories(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "--json", str(out), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("EXPECTED "))
+    within(measured(Report.load(out)), json.loads(line[len("EXPECTED ") :]))

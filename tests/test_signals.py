@@ -1,0 +1,132 @@
+"""Jobs that are stopped (a scheduler's preemption, `timeout`, `kill`, a closed terminal) still
+leave their report, every file asked for, and the exit status of a killed process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from vramscope import schema
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "train_until_stopped.py"
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+def start(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "vramscope", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def wait_for(proc: subprocess.Popen, marker: str, timeout: float = 180) -> None:
+    """Read the child's stdout until ``marker`` (the loop is running), or fail."""
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            if marker in line:
+                return
+    finally:
+        watchdog.cancel()
+    _, err = proc.communicate()
+    pytest.fail(f"no {marker!r} line; exit {proc.returncode}\n{err[-2000:]}")
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"still running {timeout} s after the signal\n{err[-2000:]}")
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"),
+    [(signal.SIGTERM, 143), (getattr(signal, "SIGHUP", 1), 129)],
+    ids=["SIGTERM", "SIGHUP"],
+)
+def test_a_stopped_run_leaves_every_file_and_exits_as_a_killed_script(tmp_path, signum, code):
+    outputs = {"json": "r.json", "csv": "steps.csv", "trace": "r.trace.json", "html": "r.html"}
+    options = [arg for kind, name in outputs.items() for arg in (f"--{kind}", name)]
+    proc = start("run", *options, str(SCRIPT), cwd=tmp_path)
+    wait_for(proc, "training")
+    proc.send_signal(signum)
+    out, err = finish(proc)
+    assert proc.returncode == code, err
+    name = signal.Signals(signum).name
+    assert f"stopped by {name}; the report is partial" in err
+    assert "Traceback" not in err
+    assert "What the peak is made of" in out  # the partial report is printed
+    for name_ in outputs.values():
+        assert (tmp_path / name_).stat().st_size > 0, name_
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert schema.errors(data) == []
+    assert data["exit"] == {
+        "status": "terminated",
+        "code": code,
+        "error": f"stopped by {name}",
+        "signal": name,
+    }
+    assert len(data["steps"]) >= 1
+    assert (tmp_path / "steps.csv").read_text().count("\n") == len(data["steps"]) + 1
+
+
+def test_a_second_signal_ends_at_once(tmp_path):
+    """The script's cleanup hangs after the first SIGTERM; the second one is not waited on."""
+    proc = start("run", "--json", "r.json", str(SCRIPT), "--hang-in-cleanup", cwd=tmp_path)
+    wait_for(proc, "training")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(proc, "cleaning up")
+    proc.send_signal(signal.SIGTERM)
+    finish(proc, timeout=20)
+    assert proc.returncode == -signal.SIGTERM  # killed by the signal itself
+
+
+def test_a_script_that_handles_sigterm_itself_keeps_its_own_handling(tmp_path):
+    proc = start("run", "--json", "r.json", str(SCRIPT), "--own-handler", cwd=tmp_path)
+    wait_for(proc, "training")
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert "checkpoint saved" in out
+    assert json.loads((tmp_path / "r.json").read_text())["exit"]["status"] == "ok"
+
+
+def test_a_stopped_measure_leaves_its_report(tmp_path):
+    wl = tmp_path / "wl.py"
+    wl.write_text(
+        "import torch, vramscope\n"
+        "def build(batch_size, device):\n"
+        "    m = torch.nn.Linear(32, 32)\n"
+        "    calls = []\n"
+        "    def batch():\n"
+        "        calls.append(1)\n"
+        "        if len(calls) == 2:\n"
+        "            print('training', flush=True)\n"
+        "        return (torch.randn(batch_size, 32),)\n"
+        "    return vramscope.Workload(model=m, optimizer=torch.optim.SGD(m.parameters()),\n"
+        "        batch=batch, loss=lambda m, x: m(x).sum())\n"
+    )
+    proc = start(
+        "measure", f"{wl}:build", "--steps", "1000000", "-q", "--json", "m.json", cwd=tmp_path
+    )
+    wait_for(proc, "training")
+    proc.send_signal(signal.SIGTERM)
+    _, err = finish(proc)
+    assert proc.returncode == 143, err
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert data["exit"]["status"] == "terminated" and data["exit"]["signal"] == "SIGTERM"
+    assert len(data["steps"]) >= 1
