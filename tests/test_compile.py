@@ -51,40 +51,42 @@ def same_compilation(tracked: dict, untracked: dict) -> None:
     assert tracked["graph_breaks"] == untracked["graph_breaks"]
 
 
-@pytest.mark.parametrize("how", ["model", "method"])
-def test_compiled_model_evaluated_first_runs_as_without_vramscope(tmp_path, how):
-    result, report = under_run(tmp_path, "--compile", how)
-    same_compilation(result, plain("--compile", how))
+MODEL = ("--compile", "model", "--accumulate", "2")  # torch.compile(model), 2 micro-batches
+
+
+def test_compiled_model_evaluated_first_runs_as_without_vramscope(tmp_path):
+    result, report = under_run(tmp_path, *MODEL)
+    same_compilation(result, plain(*MODEL))
     assert report.exit.status == "ok"
     train = [s for s in report.steps if s.mode == "train"]
-    assert len(train) == 4  # one per optimizer step
+    assert [s.micro_batches for s in train] == [2, 2, 2]  # one step per optimizer step
     for step in train[1:]:
         assert [p.name for p in step.phases] == ["zero_grad", "forward", "backward", "optimizer"]
-    assert report.categories_at_peak.parameters == 116224  # tied weights counted once
+    assert report.categories_at_peak.parameters == 65408  # tied weights counted once
+
+
+def test_model_compiled_in_place_runs_as_without_vramscope(tmp_path):
+    result, report = under_run(tmp_path, "--compile", "method")
+    same_compilation(result, plain("--compile", "method"))
+    assert sum(1 for s in report.steps if s.mode == "train") == 3
+    assert "tracking_notes" not in report.extra  # every forward was seen
 
 
 def test_compiled_training_step_keeps_its_one_graph_break(tmp_path):
     result, report = under_run(tmp_path, "--compile", "step")
     same_compilation(result, plain("--compile", "step"))
-    assert sum(1 for s in report.steps if s.mode == "train") == 4
-    assert report.categories_at_peak.gradients == 116224
+    assert sum(1 for s in report.steps if s.mode == "train") == 3
+    assert report.categories_at_peak.gradients == 65408
 
 
 def test_tracking_started_after_compiling_changes_nothing():
-    same_compilation(plain("--compile", "model", "--track"), plain("--compile", "model"))
-
-
-def test_accumulation_under_compile_keeps_micro_batches_in_one_step(tmp_path):
-    result, report = under_run(tmp_path, "--compile", "model", "--accumulate", "2")
-    same_compilation(result, plain("--compile", "model", "--accumulate", "2"))
-    train = [s for s in report.steps if s.mode == "train"]
-    assert [s.micro_batches for s in train] == [2, 2, 2, 2]
+    same_compilation(plain(*MODEL, "--track"), plain(*MODEL))
 
 
 @pytest.mark.parametrize("detail", ["modules", "lines"])
 def test_attribution_details_run_compiled_scripts(tmp_path, detail):
-    result, report = under_run(tmp_path, "--compile", "model", options=("--detail", detail))
-    assert result["losses"] == plain("--compile", "model")["losses"]
+    result, report = under_run(tmp_path, *MODEL, options=("--detail", detail))
+    assert result["losses"] == plain(*MODEL)["losses"]
     assert report.exit.status == "ok"
     assert report.modules  # the model's rows, and a note on what compiled code hides
     notes = " ".join(report.extra.get("attribution_notes", []))

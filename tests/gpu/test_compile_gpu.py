@@ -61,7 +61,7 @@ def test_compiled_script_under_run_is_the_plain_run_with_exact_peaks(tmp_path, o
     assert report.exit.status == "ok"
     assert report.peak.allocated_bytes == tracked["max_allocated"]
     assert report.peak.reserved_bytes == tracked["max_reserved"]
-    assert sum(1 for s in report.steps if s.mode == "train") == 4
+    assert sum(1 for s in report.steps if s.mode == "train") == 3
     end = next(r for r in report.reconciliation if r.moment == "end")
     if "reduce-overhead" in options:
         assert end.private_pools_bytes and end.private_pools_bytes > 0

@@ -22,7 +22,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--compile", choices=["model", "method", "step", "none"], default="model")
 parser.add_argument("--backend", default="aot_eager")
 parser.add_argument("--mode", default=None, help="torch.compile mode (inductor)")
-parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--accumulate", type=int, default=1)
 parser.add_argument("--track", action="store_true")
 parser.add_argument("--detail", default="default")
@@ -31,7 +31,7 @@ args = parser.parse_args()
 
 torch.manual_seed(0)
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-VOCAB, WIDTH, HEADS, LAYERS, SEQ = 96, 32, 4, 2, 16
+VOCAB, WIDTH, HEADS, LAYERS, SEQ = 96, 32, 4, 1, 16
 
 
 class Attention(nn.Module):
