@@ -248,6 +248,7 @@ class GlobalHooks:
     def __init__(self, listener: PhaseListener) -> None:
         self.listener = listener
         self.depth = 0  # nesting of model calls (a model inside a model counts once)
+        self._depth_lock = threading.Lock()
         self.in_backward = 0
         self.discovering = False
         self._installed = False
@@ -280,18 +281,23 @@ class GlobalHooks:
             wrap_class(type(module))
 
     def _enter(self, module: torch.nn.Module) -> None:
-        self.depth += 1
-        if self.depth == 1 and not self.in_backward:  # not a recomputation (checkpointing)
+        with self._depth_lock:  # DataParallel's replicas run on threads of their own
+            self.depth += 1
+            outermost = self.depth == 1
+        if outermost and not self.in_backward:  # not a recomputation (checkpointing)
             self._forward_since_optimizer = True
             if self.discovering:
                 self._forwards_since_discovery += 1
             self.listener.on_forward_start(module)
 
     def _exit(self, module: torch.nn.Module, output: Any = None) -> None:
-        if self.depth > 0:
+        with self._depth_lock:
+            if self.depth == 0:
+                return
             self.depth -= 1
-            if self.depth == 0 and not self.in_backward:
-                self.listener.on_forward_end(module)
+            outermost = self.depth == 0
+        if outermost and not self.in_backward:
+            self.listener.on_forward_end(module)
 
     # ---- discovery ---------------------------------------------------------------------------
     def set_discovery(self, on: bool) -> None:
