@@ -442,29 +442,24 @@ def long_run(root: Path) -> str:
 @table("html-open")
 def html_open(root: Path) -> str:
     data = load(root, "html_open.json")
-    median = data["median"]
-    chromedriver = data.get("chromedriver") or {}
+    columns = {
+        "cold, median": data["median"],
+        "again in the same tab": data.get("again") or {},
+        "cold, under chromedriver": data.get("chromedriver") or {},
+    }
+    moments = (
+        ("readable (text and tables)", "content"),
+        ("first screen drawn (timeline)", "first"),
+        ("every chart drawn", "plotted"),
+    )
     rows = [
-        [
-            "readable (text and tables)",
-            f"{median['content']:,.0f} ms",
-            f"{chromedriver.get('content', 0):,.0f} ms",
-        ],
-        [
-            "first screen drawn (timeline)",
-            f"{median['first']:,.0f} ms",
-            f"{chromedriver.get('first', 0):,.0f} ms",
-        ],
-        [
-            "every chart drawn",
-            f"{median['plotted']:,.0f} ms",
-            f"{chromedriver.get('plotted', 0):,.0f} ms",
-        ],
+        [label, *(f"{col[key]:,.0f} ms" if key in col else "–" for col in columns.values())]
+        for label, key in moments
     ]
     meta = data["meta"]
     return "\n".join(
         [
-            markdown(["opened cold in headless Chromium", "median", "under chromedriver"], rows),
+            markdown(["opened in headless Chromium", *columns], rows),
             "",
             f"A {meta['bytes'] / 1e6:.2f} MB page on a {meta['cpus']}-core machine, "
             f"{len(data['runs'])} cold opens, {meta['date']}. " + source("html_open.json"),

@@ -30,7 +30,13 @@ from vramscope.cli.common import check_paths, human_console, json_on_stdout, wri
     help="GPU to estimate for (repeatable; see `vramscope estimate --list-gpus`). "
     "Default: h100-80gb and rtx4090.",
 )
-@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Steps to measure each example, the first included.",
+)
 @click.option(
     "--example",
     "examples",
