@@ -72,6 +72,20 @@ def test_one_screen_of_80_columns_without_a_cell_left_empty(demo):
     assert "Estimated for NVIDIA GeForce RTX 4090" in demo["stdout"]
 
 
+def test_the_recorded_demo_in_the_docs_has_todays_layout(demo):
+    """docs/outputs/demo.txt is a recording: when the screen changes, re-record it
+    (python docs/gen/record_outputs.py demo)."""
+    recorded = (Path(__file__).parent.parent / "docs" / "outputs" / "demo.txt").read_text()
+
+    def layout(text: str) -> list[str]:
+        """Each line's first cell, numbers left out."""
+        cells = [re.split(r"\s{2,}", line.strip())[0] for line in text.splitlines() if line.strip()]
+        return [re.sub(r"\d[\d.,]*", "#", cell) for cell in cells]
+
+    assert layout(recorded)[0] == "$ vramscope demo"
+    assert layout(recorded)[1:] == layout(demo["stdout"])
+
+
 def test_cpu_measurement_has_the_objects_exact_bytes(demo):
     reports = demo["data"]["reports"]
     assert set(reports) == {"example:cnn", "example:gpt"}
