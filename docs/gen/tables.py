@@ -41,6 +41,11 @@ def markdown(header: list[str], rows: list[list[Any]], align: str = "") -> str:
     return "\n".join(lines)
 
 
+def block(*parts: str) -> str:
+    """A table and the notes under it, as paragraphs."""
+    return "\n\n".join(parts)
+
+
 def pct(value: float | None, signed: bool = True, digits: int = 2) -> str:
     if value is None:
         return "–"
@@ -94,19 +99,15 @@ def accuracy_summary(root: Path) -> str:
     under = summary["reserved_under_5pct"]["cases"]
     measured = meta["measured"]
     on = meta["estimated_on"]
-    return "\n".join(
-        [
-            markdown(["", "median \\|error\\|", "90th percentile", "worst", "target"], rows),
-            "",
-            f"{summary['estimated']} of {summary['cases']} workloads estimated on a "
-            f"{on['cpus']}-core {on['cpu']} CPU (torch {on['torch']}) against "
-            f"`vramscope measure --steps 3` on an {measured_on(measured)}. "
-            f"Reserved under-predicted by more than 5 %: "
-            f"{', '.join(under) if under else 'in no workload'}. Estimate time: median "
-            f"{summary['seconds']['median']:.1f} s, worst {summary['seconds']['max']:.1f} s.",
-            "",
-            source("accuracy_h200.json"),
-        ]
+    return block(
+        markdown(["", "median \\|error\\|", "90th percentile", "worst", "target"], rows),
+        f"{summary['estimated']} of {summary['cases']} workloads estimated on a "
+        f"{on['cpus']}-core {on['cpu']} CPU (torch {on['torch']}) against "
+        f"`vramscope measure --steps 3` on an {measured_on(measured)}. "
+        f"Reserved under-predicted by more than 5 %: "
+        f"{', '.join(under) if under else 'in no workload'}. Estimate time: median "
+        f"{summary['seconds']['median']:.1f} s, worst {summary['seconds']['max']:.1f} s.",
+        source("accuracy_h200.json"),
     )
 
 
@@ -143,14 +144,10 @@ def accuracy_cases(root: Path) -> str:
         "reserved",
         "device used",
     ]
-    return "\n".join(
-        [
-            markdown(header, rows, "lrlrrrr"),
-            "",
-            "Errors are (estimate − measured) / measured: negative is an under-estimate.",
-            "",
-            source("accuracy_h200.json") + " " + source("accuracy_measured_h200.json"),
-        ]
+    return block(
+        markdown(header, rows, "lrlrrrr"),
+        "Errors are (estimate − measured) / measured: negative is an under-estimate.",
+        source("accuracy_h200.json") + " " + source("accuracy_measured_h200.json"),
     )
 
 
@@ -177,13 +174,10 @@ def accuracy_worst(root: Path) -> str:
                 pct(err.get("device_used")),
             ]
         )
-    return "\n".join(
-        [
-            markdown(["workload", "allocated", "reserved", "device used"], rows),
-            "",
-            f"The {len(off)} of {len(data['cases'])} workloads off by 1 % or more on some peak. "
-            + source("accuracy_h200.json"),
-        ]
+    return block(
+        markdown(["workload", "allocated", "reserved", "device used"], rows),
+        f"The {len(off)} of {len(data['cases'])} workloads off by 1 % or more on some peak. "
+        + source("accuracy_h200.json"),
     )
 
 
@@ -205,17 +199,13 @@ def estimate_speed(root: Path) -> str:
         )
     meta = data["meta"]
     cold, big = data["cold_gpt2"], data["llama_7b"]
-    return "\n".join(
-        [
-            markdown(["workload", "parameters", "batch", "precision", "estimate"], rows, "lrrlr"),
-            "",
-            f"Once torch is imported, on a {meta['cpus']}-core {meta['cpu']} CPU (torch "
-            f"{meta['torch']}, {meta['date']}). A 7 B Llama from its config: "
-            f"{big['seconds']:.1f} s with a peak RSS of {gib(big['max_rss_bytes'])} in a fresh "
-            f"process; `hf:gpt2` in a fresh process, imports included: {cold['seconds']:.1f} s.",
-            "",
-            source("estimate_speed.json"),
-        ]
+    return block(
+        markdown(["workload", "parameters", "batch", "precision", "estimate"], rows, "lrrlr"),
+        f"Once torch is imported, on a {meta['cpus']}-core {meta['cpu']} CPU (torch "
+        f"{meta['torch']}, {meta['date']}). A 7 B Llama from its config: "
+        f"{big['seconds']:.1f} s with a peak RSS of {gib(big['max_rss_bytes'])} in a fresh "
+        f"process; `hf:gpt2` in a fresh process, imports included: {cold['seconds']:.1f} s.",
+        source("estimate_speed.json"),
     )
 
 
@@ -266,15 +256,11 @@ def fit_accuracy(root: Path) -> str:
         "estimates",
         "scanned (r runs, x out of memory)",
     ]
-    return "\n".join(
-        [
-            markdown(header, rows, "llrrrrrrrl"),
-            "",
-            f"Measured on an {measured_on(meta)}. *True* is the first batch size that runs "
-            "while the next one runs out, each scanned batch a fresh capped process.",
-            "",
-            source("fit_h200.json") + " " + source("fit_h200_cnn.json"),
-        ]
+    return block(
+        markdown(header, rows, "llrrrrrrrl"),
+        f"Measured on an {measured_on(meta)}. *True* is the first batch size that runs "
+        "while the next one runs out, each scanned batch a fresh capped process.",
+        source("fit_h200.json") + " " + source("fit_h200_cnn.json"),
     )
 
 
@@ -304,15 +290,11 @@ def compare_savings(root: Path) -> str:
         "measured saving",
         "difference (points)",
     ]
-    return "\n".join(
-        [
-            markdown(header, rows, "lrlrrr"),
-            "",
-            f"Savings in peak reserved memory against the baseline, each measured in a fresh "
-            f"process on an {measured_on(data['meta'])}; worst difference {worst:.1f} points.",
-            "",
-            source("fit_h200.json"),
-        ]
+    return block(
+        markdown(header, rows, "lrlrrr"),
+        f"Savings in peak reserved memory against the baseline, each measured in a fresh "
+        f"process on an {measured_on(data['meta'])}; worst difference {worst:.1f} points.",
+        source("fit_h200.json"),
     )
 
 
@@ -351,15 +333,11 @@ def _overhead(root: Path, name: str, methods: tuple[str, ...], step: bool) -> st
     rows.append(summary)
     header = ["workload", "batch"] + (["step (ms)"] if step else [])
     header += [_METHODS.get(m, f"`--detail {m}`") for m in methods]
-    return "\n".join(
-        [
-            markdown(header, rows),
-            "",
-            f"Overhead on the median step time, tracked against untracked steps interleaved in "
-            f"one process, on an {measured_on(data['meta'])}.",
-            "",
-            source(name),
-        ]
+    return block(
+        markdown(header, rows),
+        f"Overhead on the median step time, tracked against untracked steps interleaved in "
+        f"one process, on an {measured_on(data['meta'])}.",
+        source(name),
     )
 
 
@@ -404,12 +382,9 @@ def overhead_modules_depth(root: Path) -> str:
 def read_cost(root: Path) -> str:
     data = load(root, "overhead_h200.json")
     rows = [[f"`{k}`", f"{v:.1f} µs"] for k, v in data["read_cost_us"].items()]
-    return "\n".join(
-        [
-            markdown(["one read", "cost"], rows),
-            "",
-            f"On an {measured_on(data['meta'])}. " + source("overhead_h200.json"),
-        ]
+    return block(
+        markdown(["one read", "cost"], rows),
+        f"On an {measured_on(data['meta'])}. " + source("overhead_h200.json"),
     )
 
 
@@ -425,17 +400,13 @@ def long_run(root: Path) -> str:
         ]
         for c in data["checkpoints"]
     ]
-    return "\n".join(
-        [
-            markdown(["steps", "vramscope's Python memory", "RSS tracked", "RSS untracked"], rows),
-            "",
-            f"{data['steps']:,} steps over {data['report_epochs']} epochs on the CPU "
-            f"({measured_on(data['meta'])}): the report keeps {data['report_steps_entries']:,} "
-            f"step entries standing for {data['report_steps_counted']:,} steps, "
-            f"{data['report_json_bytes'] / 2**20:.1f} MiB of JSON.",
-            "",
-            source("long_run_cpu.json"),
-        ]
+    return block(
+        markdown(["steps", "vramscope's Python memory", "RSS tracked", "RSS untracked"], rows),
+        f"{data['steps']:,} steps over {data['report_epochs']} epochs on the CPU "
+        f"({measured_on(data['meta'])}): the report keeps {data['report_steps_entries']:,} "
+        f"step entries standing for {data['report_steps_counted']:,} steps, "
+        f"{data['report_json_bytes'] / 2**20:.1f} MiB of JSON.",
+        source("long_run_cpu.json"),
     )
 
 
@@ -457,13 +428,10 @@ def html_open(root: Path) -> str:
         for label, key in moments
     ]
     meta = data["meta"]
-    return "\n".join(
-        [
-            markdown(["opened in headless Chromium", *columns], rows),
-            "",
-            f"A {meta['bytes'] / 1e6:.2f} MB page on a {meta['cpus']}-core machine, "
-            f"{len(data['runs'])} cold opens, {meta['date']}. " + source("html_open.json"),
-        ]
+    return block(
+        markdown(["opened in headless Chromium", *columns], rows),
+        f"A {meta['bytes'] / 1e6:.2f} MB page on a {meta['cpus']}-core machine, "
+        f"{len(data['runs'])} cold opens, {meta['date']}. " + source("html_open.json"),
     )
 
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 
 import click
 
 from vramscope.cli.common import check_paths, human_console, json_on_stdout, write_json
+from vramscope.demo import BATCH, DEFAULT_GPUS
+
+EXAMPLES = tuple(BATCH)
 
 
 @click.command(short_help="Measure the built-in examples here and estimate them for GPUs.")
@@ -41,7 +46,7 @@ from vramscope.cli.common import check_paths, human_console, json_on_stdout, wri
     "--example",
     "examples",
     multiple=True,
-    type=click.Choice(["cnn", "gpt"]),
+    type=click.Choice(EXAMPLES),
     help="Run only these examples.",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors; files are written.")
@@ -59,65 +64,46 @@ def command(
     gradients and optimizer state, steps and phases); with one, each runs there in a fresh
     process and the estimate for that GPU stands beside it with its error. Prints one
     screen, writes the reports as JSON and HTML."""
-    if json_path == "-":
-        with json_on_stdout():
-            _demo(json_path, html_path, gpus, steps, examples, quiet)
-    else:
-        _demo(json_path, html_path, gpus, steps, examples, quiet)
-
-
-def _demo(
-    json_path: str,
-    html_path: str | None,
-    gpus: tuple[str, ...],
-    steps: int,
-    examples: tuple[str, ...],
-    quiet: bool,
-) -> None:
-    import json
-
-    from vramscope.demo import DEFAULT_GPUS, run_demo
+    from vramscope.demo import run_demo
     from vramscope.report import exports
     from vramscope.report.demo import render
 
     if html_path is None and json_path != "-":
         html_path = "vramscope-demo.html"
     check_paths(json_path, html_path)
-    console = human_console()
-    status = console.status("vramscope demo", spinner="dots") if not quiet else None
+    gpus, examples = gpus or DEFAULT_GPUS, examples or EXAMPLES
+    # --json -: the JSON alone on stdout, the screen and progress on stderr
+    with json_on_stdout() if json_path == "-" else contextlib.nullcontext():
+        console = human_console()
+        spinner = console.status("vramscope demo") if not quiet else contextlib.nullcontext()
+        with spinner as status:
 
-    def progress(message: str) -> None:
-        if status is not None:
-            status.update(f"vramscope demo: {message} …")
+            def progress(message: str) -> None:
+                if status is not None:
+                    status.update(f"vramscope demo: {message} …")
 
-    if status is not None:
-        status.start()
-    try:
-        result = run_demo(examples or ("cnn", "gpt"), gpus or DEFAULT_GPUS, steps, None, progress)
-    finally:
-        if status is not None:
-            status.stop()
-    written = []
-    if json_path:
-        write_json(json.dumps(result.to_dict(), indent=1), json_path)
-        if json_path != "-":
-            written.append(json_path)
-    if html_path:
-        pages = _html_paths(html_path, [ex.spec for ex in result.examples])
-        for ex, page in zip(result.examples, pages, strict=True):
-            exports.write("html", result.html_report(ex), Path(page))
-            written.append(page)
-    if quiet:
-        return
-    console.print(render(result))
-    example = result.examples[-1]
-    console.print(
-        f"\nWrote {' · '.join(written)}\n"
-        f"Next: vramscope estimate {example.spec} --gpu {result.gpus[0]} -b 64\n"
-        f"      vramscope fit {example.spec} --gpu {result.gpus[-1]} --effective-batch 512\n"
-        "      vramscope run your_training_script.py",
-        highlight=False,
-    )
+            result = run_demo(examples, gpus, steps, None, progress)
+        written = []
+        if json_path:
+            write_json(json.dumps(result.to_dict(), indent=1), json_path)
+            if json_path != "-":
+                written.append(json_path)
+        if html_path:
+            pages = _html_paths(html_path, [ex.spec for ex in result.examples])
+            for ex, page in zip(result.examples, pages, strict=True):
+                exports.write("html", result.html_report(ex), Path(page))
+                written.append(page)
+        if quiet:
+            return
+        console.print(render(result))
+        example = result.examples[-1]
+        console.print(
+            f"\nWrote {' · '.join(written)}\n"
+            f"Next: vramscope estimate {example.spec} --gpu {result.gpus[0]} -b 64\n"
+            f"      vramscope fit {example.spec} --gpu {result.gpus[-1]} --effective-batch 512\n"
+            "      vramscope run your_training_script.py",
+            highlight=False,
+        )
 
 
 def _html_paths(path: str, specs: list[str]) -> list[str]:
