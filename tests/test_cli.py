@@ -126,10 +126,3 @@ def test_measure_writes_json_and_report_rerenders_it(tmp_path):
     assert report["schema"] == "vramscope.report/1" and len(report["steps"]) == 2
     again = vramscope("report", str(out))
     assert again.returncode == 0 and "example:cnn" in again.stdout
-
-
-def test_demo_runs_on_the_cpu_and_writes_vramscope_demo_json(tmp_path):
-    proc = vramscope("demo", "--steps", "2", "-q", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads((tmp_path / "vramscope-demo.json").read_text())
-    assert set(data["reports"]) == {"example:cnn", "example:gpt"}

@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from vramscope.examples import ExampleCNN, ExampleGPT
-from vramscope.fit.search import _search_from, compare, fit, largest_fitting
+from vramscope.fit.search import (
+    Estimator,
+    _search_from,
+    compare,
+    fit,
+    largest_fitting,
+    make_target,
+)
 from vramscope.fit.strategies import (
     NotApplicable,
     apply_checkpointing,
@@ -32,6 +39,38 @@ def test_interpolation_search_finds_the_boundary_in_few_evaluations():
     best = largest_fitting(lambda b: value(b) <= limit, value, limit, 4096)
     assert best == (limit - 500 * MiB) // (37 * MiB)
     assert len(set(calls)) <= 6
+
+
+def test_search_extrapolates_until_it_finds_an_upper_bound_however_large_the_cap():
+    calls = []
+
+    def value(b: int) -> int:
+        calls.append(b)
+        return 800 * MiB + 13 * MiB * b
+
+    limit = 75 * 1024 * MiB
+    best = largest_fitting(lambda b: value(b) <= limit, value, limit, 1 << 20, start=256)
+    assert best == (limit - 800 * MiB) // (13 * MiB)
+    # no bisection towards the cap (it probed (5850 + 1048577) // 2 before)
+    assert max(calls) <= best + 1
+    assert len(set(calls)) <= 5
+
+
+def test_an_estimate_that_runs_out_of_the_gpu_does_not_fit():
+    # a huge batch runs out on its first large tensor, with little reserved: its device
+    # used is below the GPU's memory, yet it does not fit
+    est = Estimator(
+        "example:cnn",
+        make_target("rtx4090", None, "0%"),
+        get_strategy("baseline"),
+        None,
+        None,
+        None,
+    )
+    verdict = est.report(8192).extra["verdict"]
+    assert verdict["oom_at"] is not None
+    assert verdict["device_used_bytes"] <= verdict["total_bytes"]
+    assert not est.fits(8192)
 
 
 def test_search_handles_a_staircase_and_the_cap():

@@ -15,6 +15,7 @@ import click
 from vramscope.cli.common import check_paths, emit, output_options, workload_options
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
+from vramscope.report.validation import validation
 from vramscope.units import format_bytes, parse_size
 
 
@@ -154,31 +155,7 @@ def validate_report(
             last = (proc.stderr.strip().splitlines() or ["?"])[-1]
             raise VramscopeError(f"--validate: measuring {workload} failed: {last}")
         measured = json.loads(out.read_text())
-    peak = measured["peak"]
-    result: dict[str, Any] = {
-        "measured": {
-            "allocated_bytes": peak.get("allocated_bytes"),
-            "reserved_bytes": peak.get("reserved_bytes"),
-            "device_used_bytes": peak.get("device_used_bytes"),
-            "step": peak.get("step"),
-            "phase": peak.get("phase"),
-        },
-        "estimated": {
-            "allocated_bytes": report.peak.allocated_bytes,
-            "reserved_bytes": report.peak.reserved_bytes,
-            "device_used_bytes": report.peak.device_used_bytes,
-        },
-        "device": measured.get("device", {}).get("name"),
-        "torch_version": measured.get("device", {}).get("torch_version"),
-        "steps": steps,
-        "error_pct": {},
-    }
-    for key in ("allocated", "reserved", "device_used"):
-        real = result["measured"][f"{key}_bytes"]
-        est = result["estimated"][f"{key}_bytes"]
-        if real and est is not None:
-            result["error_pct"][key] = round(100 * (est / real - 1), 2)
-    return result
+    return validation(report, measured, steps)
 
 
 def validation_table(v: dict[str, Any]) -> str:

@@ -150,7 +150,10 @@ class Estimator:
         if self.target.kind == "budget":
             verdict = self.report(batch_size, cap=limit).extra.get("verdict") or {}
             return verdict.get("oom_at") is None
-        return self.value(batch_size) <= limit
+        # a step that ran out of the GPU's memory does not fit, however little it had
+        # reserved when the request failed (a huge batch fails on its first large tensor)
+        verdict = self.report(batch_size).extra.get("verdict") or {}
+        return verdict.get("oom_at") is None and self.value(batch_size) <= limit
 
     def at_the_edge(self, batch_size: int, limit: int | None = None) -> bool:
         """Whether the allocator ran short at ``batch_size``: it freed its cache and retried,
@@ -190,7 +193,9 @@ def largest_fitting(
             lo = probe
         else:
             hi = probe
-        stalled = stalled + 1 if (hi - lo) * 2 > width else 0
+        # a bracket that did not halve twice: bisect. Not while no upper bound is known:
+        # extrapolating is what finds one, and bisecting up to a large cap wastes estimates
+        stalled = stalled + 1 if hi <= cap and (hi - lo) * 2 > width else 0
         if stalled >= 2:
             probe, stalled = (lo + hi) // 2, 0
             continue
@@ -250,6 +255,76 @@ def lowest_safe(fits: Callable[[int], bool], best: int) -> int:
     return best
 
 
+@dataclass(frozen=True)
+class BatchSearch:
+    """What the estimate's search found: the largest batch that runs and the answer (below it
+    when a smaller batch runs out at the edge of memory), with the margin and without it."""
+
+    runs: int
+    best: int
+    runs_without_margin: int | None = None
+    best_without_margin: int | None = None
+
+
+def largest_batch(
+    est: Estimator, limit: int, max_batch_size: int, start: int | None = None
+) -> tuple[int, int]:
+    """(runs, best) under ``limit``: the largest batch the estimate runs, and the answer,
+    one below the lowest pair of batches that run out near it when the allocator ran short."""
+
+    def fits(b: int) -> bool:
+        return est.fits(b, limit)
+
+    runs = largest_fitting(fits, est.value, est.aim(limit), max_batch_size, start=start)
+    best = lowest_safe(fits, runs) if runs and est.at_the_edge(runs, limit) else runs
+    return runs, best
+
+
+def search_batches(
+    est: Estimator,
+    max_batch_size: int,
+    start: int | None = None,
+    without_margin: bool = True,
+) -> BatchSearch:
+    """The largest batch within the target's margin (the search starts at ``start``, or 16),
+    and when ``without_margin``, the same at the full target."""
+    target = est.target
+    runs, best = largest_batch(est, target.usable_bytes, max_batch_size, start)
+    if not without_margin:
+        return BatchSearch(runs, best)
+    runs_full, best_full = largest_batch(
+        est, target.limit_bytes, max_batch_size, start=max(best, 1) + 1
+    )
+    return BatchSearch(runs, best, runs_full, best_full)
+
+
+def fit_section(est: Estimator, found: BatchSearch, max_batch_size: int) -> dict[str, Any]:
+    """The report's ``fit`` section for an estimate-only answer: the answer, the target and
+    every estimate made on the way (the curve of memory against batch size)."""
+    target = est.target
+    return {
+        "max_batch_size": found.best,
+        "max_batch_size_without_margin": found.best_without_margin,
+        # the largest batch the estimate runs, when a smaller one runs out (best is below that)
+        "largest_running": found.runs if found.runs != found.best else None,
+        "target": {
+            "kind": target.kind,
+            "gpu": target.gpu,
+            "limit_bytes": target.limit_bytes,
+            "margin": target.margin,
+            "usable_bytes": target.usable_bytes,
+            "compares": "device_used_bytes" if target.kind == "gpu" else "reserved_bytes",
+        },
+        "capped": found.best >= max_batch_size,
+        "method": "estimate",
+        "estimates": len(est.cache),
+        "curve": [
+            {"batch_size": b, "peak": _peak_dict(est.report(b)), "fits": est.fits(b)}
+            for b in est.batches
+        ],
+    }
+
+
 def fit(
     workload: str,
     gpu: str | None = None,
@@ -269,39 +344,11 @@ def fit(
         raise VramscopeError(f"--max-batch-size must be 1 or more, not {max_batch_size}")
     base = get_strategy("baseline")
     est = Estimator(workload, target, base, precision, accumulate, allocator_config, progress)
-    runs = largest_fitting(est.fits, est.value, est.aim(target.usable_bytes), max_batch_size)
-    best = lowest_safe(est.fits, runs) if runs and est.at_the_edge(runs) else runs
-    runs_no_margin = largest_fitting(
-        lambda b: est.fits(b, target.limit_bytes),
-        est.value,
-        est.aim(target.limit_bytes),
-        max_batch_size,
-        start=max(best, 1) + 1,
-    )
-    best_no_margin = runs_no_margin
-    if runs_no_margin and est.at_the_edge(runs_no_margin, target.limit_bytes):
-        best_no_margin = lowest_safe(lambda b: est.fits(b, target.limit_bytes), runs_no_margin)
-    section: dict[str, Any] = {
-        "max_batch_size": best,
-        "max_batch_size_without_margin": best_no_margin,
-        # the largest batch the estimate runs, when a smaller one runs out (best is below that)
-        "largest_running": runs if runs != best else None,
-        "target": {
-            "kind": target.kind,
-            "gpu": target.gpu,
-            "limit_bytes": target.limit_bytes,
-            "margin": target.margin,
-            "usable_bytes": target.usable_bytes,
-            "compares": "device_used_bytes" if target.kind == "gpu" else "reserved_bytes",
-        },
-        "capped": best >= max_batch_size,
-        "method": "estimate",
-        "estimates": len(est.cache),
-        "curve": [
-            {"batch_size": b, "peak": _peak_dict(est.report(b)), "fits": est.fits(b)}
-            for b in est.batches
-        ],
-    }
+    found = search_batches(est, max_batch_size)
+    runs, best = found.runs, found.best
+    runs_no_margin = found.runs_without_margin or 0
+    best_no_margin = found.best_without_margin or 0
+    section = fit_section(est, found, max_batch_size)
     report = est.report(max(best, 1))
     findings: list[Finding] = []
     probed = est.batches
