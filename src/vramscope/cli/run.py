@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
-from vramscope.cli.common import check_paths, emit, output_options
+from vramscope.cli.common import check_paths, emit, output_options, real_stdout
+from vramscope.distributed.job import DEFAULT_TIMEOUT_S, VIA
 from vramscope.tracking.runner import StopSignals, apply_allocator_config, run_script
 from vramscope.tracking.session import Session
 
@@ -51,6 +53,40 @@ def detail_options(func):
     return func
 
 
+def distributed_options(func):
+    """--nproc, --gather-timeout, --gather-via: runs under torchrun."""
+    for option in reversed(
+        [
+            click.option(
+                "--nproc",
+                type=click.IntRange(min=1),
+                help="Start N ranks on this machine with torchrun (python -m "
+                "torch.distributed.run --standalone) and write one report with a row per rank.",
+            ),
+            click.option(
+                "--gather-timeout",
+                type=click.FloatRange(min=0),
+                default=DEFAULT_TIMEOUT_S,
+                show_default=True,
+                metavar="SECONDS",
+                help="Under torchrun: how long rank 0 waits, once its script has ended, for the "
+                "other ranks' reports; a rank that has not reported by then is marked timed out.",
+            ),
+            click.option(
+                "--gather-via",
+                type=click.Choice(VIA),
+                default="auto",
+                show_default=True,
+                help="Under torchrun: auto sends each rank's report through the job's store "
+                "(and files); files only through files beside --json (a shared folder for "
+                "several machines).",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
 @click.command(
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False},
     short_help="Run a training or inference script under tracking.",
@@ -69,6 +105,7 @@ def detail_options(func):
     help="PYTORCH_CUDA_ALLOC_CONF options for the run, e.g. expandable_segments:True.",
 )
 @detail_options
+@distributed_options
 @output_options
 def command(
     script: str,
@@ -79,6 +116,9 @@ def command(
     depth: int,
     lines_of: tuple[str, ...],
     snapshot_path: str | None,
+    nproc: int | None,
+    gather_timeout: float,
+    gather_via: str,
     json_path: str | None,
     html_path: str | None,
     trace_path: str | None,
@@ -91,8 +131,32 @@ def command(
     Phases (forward, backward, optimizer, zero_grad, data), steps and epochs are found
     without changing the script. The script's exit code is kept; a failing or
     interrupted script still leaves a partial report.
+
+    Under torchrun (`torchrun --nproc-per-node N -m vramscope run ...`, or `--nproc N`)
+    each rank tracks itself and rank 0 writes one report with a row per rank.
     """
-    check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
+    if nproc is not None:
+        check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
+        from vramscope.distributed.launch import launch
+
+        forwarded = _run_options(
+            interval, allocator_config, detail, depth, lines_of, snapshot_path, gather_timeout,
+            gather_via, json_path, html_path, trace_path, csv_path, quiet,
+        )  # fmt: skip
+        code = launch(nproc, forwarded, script, list(args), stdout=real_stdout())
+        if code:
+            sys.exit(code)
+        return
+    from vramscope.distributed.job import RankJob
+
+    job = RankJob.from_env(json_path=json_path, timeout_s=gather_timeout, via=gather_via)
+    gatherer = job is None or job.is_gatherer
+    said = "vramscope: " if job is None else f"vramscope: rank {job.info.rank}: "
+    if gatherer:
+        check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
+    if job is not None and snapshot_path and job.info.world_size > 1:
+        path = Path(snapshot_path)  # a snapshot per rank
+        snapshot_path = str(path.with_name(f"{path.stem}.rank{job.info.rank}{path.suffix}"))
     apply_allocator_config(allocator_config)
     if snapshot_path and detail == "default":
         detail = "modules"
@@ -104,20 +168,64 @@ def command(
         lines_of=list(lines_of) or [script],
         snapshot=snapshot_path,
     )
+    if job is not None:
+        job.attach(session)
+        session.preferred_cuda_index = job.info.local_rank
     # SIGTERM/SIGHUP while the script runs end it; while the files are written, they wait
     with StopSignals() as stops:
         report, code = run_script(script, list(args), session, stops)
         sys.stdout.flush()
-        emit(report, json_path, html_path, trace_path, csv_path, quiet)
-        if report.extra.get("snapshot") and not quiet:
-            click.echo(f"vramscope: wrote {report.extra['snapshot']}", err=True)
+        status = report.exit.status
+        snapshot = report.extra.get("snapshot")
+        if job is not None:
+            gathered = job.finish(report, stopping=lambda: stops.received is not None)
+        if job is None or gathered is not None:
+            emit(gathered if job is not None else report, json_path, html_path, trace_path,
+                 csv_path, quiet)  # fmt: skip
+        if snapshot and not quiet:
+            click.echo(f"{said}wrote {snapshot}", err=True)
     if stops.received is not None:
         code = stops.received.exit_code
-        if report.exit.status == "terminated":
-            click.echo(f"vramscope: {script} was {stops.received}; the report is partial", err=True)
+        if status == "terminated":
+            click.echo(f"{said}{script} was {stops.received}; the report is partial", err=True)
         else:
-            click.echo(f"vramscope: {stops.received} after {script} ended", err=True)
+            click.echo(f"{said}{stops.received} after {script} ended", err=True)
     elif code:
-        click.echo(f"vramscope: {script} exited with code {code}; the report is partial", err=True)
+        click.echo(f"{said}{script} exited with code {code}; the report is partial", err=True)
     if code:
         sys.exit(code)
+
+
+def _run_options(
+    interval: float,
+    allocator_config: str | None,
+    detail: str,
+    depth: int,
+    lines_of: tuple[str, ...],
+    snapshot_path: str | None,
+    gather_timeout: float,
+    gather_via: str,
+    json_path: str | None,
+    html_path: str | None,
+    trace_path: str | None,
+    csv_path: str | None,
+    quiet: bool,
+) -> list[str]:
+    """The options of ``run`` again, for each rank that ``--nproc`` starts."""
+    given = [
+        ("--interval", repr(interval)),
+        ("--allocator-config", allocator_config),
+        ("--detail", detail),
+        ("--depth", str(depth)),
+        ("--snapshot", snapshot_path),
+        ("--gather-timeout", repr(gather_timeout)),
+        ("--gather-via", gather_via),
+        ("--json", json_path),
+        ("--html", html_path),
+        ("--trace", trace_path),
+        ("--csv", csv_path),
+    ]
+    options = [part for name, value in given if value is not None for part in (name, value)]
+    for name in lines_of:
+        options += ["--lines-of", name]
+    return options + (["--quiet"] if quiet else [])

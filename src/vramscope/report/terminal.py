@@ -15,7 +15,13 @@ from rich.text import Text
 from vramscope.report.freeform import number as _n
 from vramscope.report.freeform import records as _records
 from vramscope.report.freeform import text as _s
-from vramscope.report.model import CATEGORY_NAMES, Reconciliation, Report, StepStats
+from vramscope.report.model import (
+    CATEGORY_NAMES,
+    RankEntry,
+    Reconciliation,
+    Report,
+    StepStats,
+)
 from vramscope.report.widths import fitting
 from vramscope.units import format_bytes
 
@@ -42,6 +48,13 @@ def _header(report: Report) -> Text:
     text.append(f"vramscope · {report.kind} · ", style="bold")
     text.append(" · ".join(str(x) for x in bits), style="bold cyan")
     text.append(f"\ndevice {device} · torch {d.get('torch_version', '?')}")
+    job = _job(report)
+    if report.ranks:
+        text.append(f"\n{len(report.ranks)} ranks; below: rank {_s(job.get('rank'))}'s report")
+        if job.get("heaviest_rank") is not None:
+            text.append(" (the heaviest)")
+        if job.get("host"):
+            text.append(f" on {_s(job['host'])}")
     if report.exit.status != "ok":
         text.append(f"\nrun ended: {report.exit.status}", style="bold red")
         if report.exit.error:
@@ -49,9 +62,17 @@ def _header(report: Report) -> Text:
     return text
 
 
+def _job(report: Report) -> dict[str, Any]:
+    """The report's ``distributed`` section (a run under torchrun), or an empty dict."""
+    section = report.extra.get("distributed")
+    return section if isinstance(section, dict) else {}
+
+
 def _peak_table(report: Report) -> RenderableType:
     p = report.peak
     title = "Peak (max over every step, the first included)"
+    if report.ranks and _job(report).get("rank") is not None:
+        title = f"Peak of rank {_s(_job(report)['rank'])} (max over every step, the first included)"
     where = f"step {p.step}, {p.phase}" if p.step is not None else ""
     cells = [
         ("allocated", b(p.allocated_bytes)),
@@ -198,11 +219,155 @@ def _category_table(report: Report) -> RenderableType:
     t.add_column("bytes", justify="right")
     t.add_column("share", justify="right")
     t.add_column("", min_width=20)
+    inside = _distributed_memory_by_category(report)
     for name in CATEGORY_NAMES:
         value = getattr(cats, name)
         share = value / total if value and total else 0
         t.add_row(name.replace("_", " "), b(value), _pct(value, total), "█" * round(share * 30))
+        for label, amount in inside.get(name, []):
+            t.add_row(f"  of which {label}", b(amount), _pct(amount, total), "", style="dim")
     return fitting(t)
+
+
+def _distributed_memory_by_category(report: Report) -> dict[str, list[tuple[str, int]]]:
+    """Exact distributed memory (DDP's buckets) that sits inside a category at the peak."""
+    inside: dict[str, list[tuple[str, int]]] = {}
+    for item in _records(_job(report).get("memory")):
+        amount = _n(item.get("bytes"))
+        if item.get("exact") is True and item.get("name") == "ddp_gradient_buckets" and amount:
+            category = _s(item.get("category"))
+            if category == "other" and report.categories_at_peak.other is not None:
+                inside.setdefault(category, []).append((_s(item.get("label")), int(amount)))
+    return inside
+
+
+# ---- distributed jobs: a row per rank ----------------------------------------------------------
+
+
+def _rank_exit(row: RankEntry) -> str:
+    e = row.exit
+    if e.status == "ok" and not e.code:
+        return "ok"
+    if e.code is None:
+        return e.status.replace("_", " ")
+    return f"{e.status} {e.code}" + (f" ({e.signal})" if e.signal else "")
+
+
+def _ranks_table(report: Report) -> RenderableType:
+    """One row per rank, the heaviest marked; memory side by side, how each rank ended."""
+    job = _job(report)
+    heaviest = _n(job.get("heaviest_rank"))
+    rows = report.ranks
+    cuda = any(r.peak.allocated_bytes is not None for r in rows)
+    measures = (
+        [
+            ("peak alloc", "allocated_bytes"),
+            ("peak reserved", "reserved_bytes"),
+            ("device used", "device_used_bytes"),
+            ("host RSS", "host_rss_bytes"),
+        ]
+        if cuda
+        else [("peak host RSS", "host_rss_bytes")]
+    )
+    reported = sum(1 for r in rows if r.reported)
+    title = f"Ranks ({reported} of {len(rows)} reported"
+    title += f"; heaviest: rank {heaviest})" if heaviest is not None else ")"
+
+    def mark(row: RankEntry) -> str:
+        return "◀ heaviest" if row.rank == heaviest else ""
+
+    def style(row: RankEntry) -> str:
+        if not row.reported or row.exit.status in ("error", "oom"):
+            return "red"
+        return "bold" if row.rank == heaviest else ""
+
+    wide = Table(box=box.SIMPLE_HEAD, title=title)
+    for col in ["rank", "host", *(name for name, _ in measures), "steps", "exit", ""]:
+        wide.add_column(col, justify="left" if col in ("host", "exit", "") else "right")
+    for row in rows:
+        cells = [b(getattr(row.peak, key)) if row.reported else "—" for _, key in measures]
+        wide.add_row(
+            str(row.rank),
+            _s(row.host),
+            *cells,
+            str(row.steps) if row.reported else "",
+            _rank_exit(row),
+            mark(row),
+            style=style(row),
+        )
+    main_name, main_key = measures[0]
+    narrow = Table(box=box.SIMPLE_HEAD, title=title)
+    for col in ("rank", "host", main_name, "exit"):
+        narrow.add_column(col, justify="right" if col in ("rank", main_name) else "left")
+    for row in rows:
+        narrow.add_row(
+            f"{row.rank}{' ◀' if row.rank == heaviest else ''}",
+            _s(row.host),
+            b(getattr(row.peak, main_key)) if row.reported else "—",
+            _rank_exit(row),
+            style=style(row),
+        )
+    return fitting(wide, narrow)
+
+
+def _rank_category_table(report: Report) -> RenderableType | None:
+    """What each rank's peak is made of, side by side (categories measured on some rank)."""
+    rows = [r for r in report.ranks if r.reported]
+    names = [n for n in CATEGORY_NAMES if any(getattr(r.categories_at_peak, n) for r in rows)]
+    if len(rows) < 2 or not names:
+        return None
+    short = {"optimizer_state": "optimizer", "temporaries": "temps", "activations": "activ."}
+    t = Table(box=box.SIMPLE_HEAD, title="What each rank's peak is made of")
+    t.add_column("rank", justify="right")
+    for name in names:
+        t.add_column(short.get(name, name), justify="right")
+    for row in rows:
+        t.add_row(str(row.rank), *(b(getattr(row.categories_at_peak, n)) for n in names))
+    return fitting(t)
+
+
+def _job_lines(report: Report) -> list[Text]:
+    """The imbalance, how the ranks' reports came, and the distributed memory, in words."""
+    job = _job(report)
+    lines = []
+    spread = job.get("imbalance")
+    if isinstance(spread, dict) and _n(spread.get("max_bytes")) is not None:
+        what = "peak allocated" if spread.get("by") == "peak_allocated_bytes" else "peak host RSS"
+        ratio = _n(spread.get("max_over_min"))
+        text = f"Imbalance ({what}): heaviest rank {_s(spread.get('heaviest_rank'))} "
+        text += f"{b(_n(spread.get('max_bytes')))}, lightest rank "
+        text += f"{_s(spread.get('lightest_rank'))} {b(_n(spread.get('min_bytes')))}"
+        text += f": {ratio:.2f}× " if ratio is not None else ": "
+        text += f"(spread {b(_n(spread.get('spread_bytes')))})"
+        lines.append(Text(text))
+    got = job.get("gather")
+    if isinstance(got, dict):
+        via = ", ".join(_s(v) for v in got.get("via") or []) or "nothing"
+        text = f"Gathered by rank 0 via {via} in {_n(got.get('seconds')) or 0:.2f} s"
+        missing = got.get("missing") or []
+        if missing:
+            text += f"; no report from rank {', '.join(_s(m) for m in missing)} within "
+            text += f"{_n(got.get('timeout_s')) or 0:g} s"
+        if got.get("dir"):
+            text += f"; each rank's own report in {_s(got['dir'])}"
+        lines.append(Text(text, style="dim"))
+    items = _records(job.get("memory"))
+    if items:
+        lines.append(Text(f"Distributed memory of rank {_s(job.get('rank'))}:", style="bold"))
+    for item in items:
+        amount, total = _n(item.get("bytes")), _n(item.get("total_bytes"))
+        text = f"• {_s(item.get('label') or item.get('name'))}: {b(amount)}"
+        if item.get("name") == "ddp_gradient_buckets":
+            text += f" in {_s(item.get('buckets'))} bucket(s)"
+        elif total is not None:
+            text += f" (largest of {_s(item.get('groups'))} groups; {b(total)} in all)"
+        if item.get("category"):
+            text += f", inside '{_s(item['category'])}'"
+        line = Text(text)
+        if item.get("note"):
+            line.append(f" — {_s(item['note'])}", style="dim")
+        lines.append(line)
+    return lines
 
 
 def _reconciliation_table(rec: Reconciliation) -> RenderableType:
@@ -488,6 +653,12 @@ def _attribution_parts(report: Report) -> list:
 
 def render(report: Report) -> Group:
     parts: list = [Panel(_header(report), box=box.ROUNDED)]
+    if report.ranks:  # a distributed job: the ranks side by side first
+        parts.append(_ranks_table(report))
+        by_rank = _rank_category_table(report)
+        if by_rank is not None:
+            parts.append(by_rank)
+    parts.extend(_job_lines(report))
     parts.append(_peak_table(report))
     s = report.startup
     if s.after_build_allocated_bytes is not None or s.context_and_libraries_bytes is not None:

@@ -1,0 +1,247 @@
+"""Join the ranks' reports into the job's report (pure functions over Reports, no torch).
+
+The job's report is the heaviest rank's own report (by peak allocated; by host RSS when
+no rank used CUDA) with ``ranks``, a row per rank; its ``exit`` is the job's: the first
+rank that failed. The ``distributed`` section names the heaviest rank, the imbalance
+and how the reports were gathered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vramscope.report.model import (
+    Categories,
+    ExitInfo,
+    Finding,
+    Peak,
+    RankEntry,
+    RankExit,
+    Report,
+    _build,
+)
+from vramscope.units import format_bytes
+
+FAILED_ON_ITS_OWN = ("error", "oom", "interrupted")  # a rank's own failure, not a stop
+IMBALANCE_WORTH_SAYING = 1.10  # the heaviest rank at least 10% above the lightest
+IMBALANCE_WARNING = 1.25
+
+
+def row_of(report: Report) -> RankEntry:
+    """A rank's row from its own report (its ``distributed`` section says which rank)."""
+    section = report.extra.get("distributed")
+    section = section if isinstance(section, dict) else {}
+    device = {
+        key: report.device.get(key)
+        for key in ("type", "name", "index", "total_bytes")
+        if key in report.device
+    }
+    memory = section.get("memory")
+    steps = sum(max(1, s.count) for s in report.steps)
+    duration = None
+    if report.steps:
+        last = report.steps[-1]
+        duration = round(last.start_s + last.duration_s, 3)
+    return RankEntry(
+        rank=_whole(section.get("rank")) or 0,
+        host=_text(section.get("host")),
+        peak=dataclasses.replace(report.peak),
+        categories_at_peak=dataclasses.replace(report.categories_at_peak),
+        exit=RankExit(
+            status=report.exit.status,
+            code=report.exit.code,
+            error=report.exit.error,
+            signal=report.exit.signal,
+        ),
+        reported=True,
+        local_rank=_whole(section.get("local_rank")),
+        pid=_whole(section.get("pid")),
+        device=device,
+        steps=steps,
+        duration_s=duration,
+        memory=[m for m in memory if isinstance(m, dict)] if isinstance(memory, list) else [],
+        report_file=_text(section.get("report_file")),
+        ended_at=_text(section.get("ended_at")),
+    )
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def row_to_dict(row: RankEntry) -> dict[str, Any]:
+    return dataclasses.asdict(row)
+
+
+def row_from_dict(data: dict[str, Any], rank: int) -> RankEntry:
+    """A row sent by rank ``rank`` (VramscopeError, naming the field, when it is not one)."""
+    return _build(RankEntry, data, f"ranks[{rank}]")
+
+
+def missing_row(rank: int, status: str, error: str) -> RankEntry:
+    """The row of a rank that sent no report."""
+    return RankEntry(
+        rank=rank,
+        peak=Peak(),
+        categories_at_peak=Categories(),
+        exit=RankExit(status=status, code=None, error=error),
+        reported=False,
+    )
+
+
+def measure_of(rows: list[RankEntry]) -> str:
+    """What ranks the ranks by: peak allocated when a rank used CUDA, else host RSS."""
+    if any(r.peak.allocated_bytes is not None for r in rows if r.reported):
+        return "peak_allocated_bytes"
+    return "host_rss_bytes"
+
+
+def _value(row: RankEntry, by: str) -> int | None:
+    field = "allocated_bytes" if by == "peak_allocated_bytes" else "host_rss_bytes"
+    return getattr(row.peak, field)
+
+
+def heaviest(rows: list[RankEntry], by: str) -> RankEntry | None:
+    """The rank with the highest peak (the lowest rank among equals)."""
+    measured = [r for r in rows if r.reported and _value(r, by) is not None]
+    if not measured:
+        return None
+    return max(measured, key=lambda r: (_value(r, by), -r.rank))
+
+
+def imbalance(rows: list[RankEntry], by: str) -> dict[str, Any] | None:
+    """Heaviest against lightest rank: max/min and the spread, over the ranks that reported."""
+    measured = [r for r in rows if r.reported and _value(r, by) is not None]
+    if not measured:
+        return None
+    top = max(measured, key=lambda r: (_value(r, by), -r.rank))
+    low = min(measured, key=lambda r: (_value(r, by), r.rank))
+    high_bytes, low_bytes = _value(top, by) or 0, _value(low, by) or 0
+    return {
+        "by": by,
+        "heaviest_rank": top.rank,
+        "lightest_rank": low.rank,
+        "max_bytes": high_bytes,
+        "min_bytes": low_bytes,
+        "spread_bytes": high_bytes - low_bytes,
+        "max_over_min": round(high_bytes / low_bytes, 4) if low_bytes else None,
+    }
+
+
+def _ended_key(row: RankEntry) -> tuple[str, int]:
+    return (row.ended_at or "~", row.rank)  # unknown times last
+
+
+def job_exit(rows: list[RankEntry]) -> ExitInfo:
+    """How the job ended: the first rank that failed on its own (an error, OOM, Ctrl-C),
+    else the first one stopped by a signal; ``incomplete`` when all that reported ended
+    well but a rank sent no report."""
+    reported = [r for r in rows if r.reported]
+    own = sorted(
+        (r for r in reported if r.exit.status in FAILED_ON_ITS_OWN or (r.exit.code or 0)),
+        key=lambda r: (r.exit.status not in FAILED_ON_ITS_OWN, *_ended_key(r)),
+    )
+    if own:
+        first = own[0]
+        what = first.exit.error or f"exited with {first.exit.code}"
+        return ExitInfo(
+            status=first.exit.status if first.exit.status != "ok" else "error",
+            code=first.exit.code or 1,
+            error=f"rank {first.rank}: {what}",
+            signal=first.exit.signal,
+        )
+    missing = [r for r in rows if not r.reported]
+    if missing:
+        return ExitInfo(
+            status="incomplete",
+            code=0,
+            error="no report from rank " + ", ".join(str(r.rank) for r in missing),
+        )
+    return ExitInfo()
+
+
+def _where(row: RankEntry) -> str:
+    return f"rank {row.rank}" + (f" ({row.host})" if row.host else "")
+
+
+def rank_findings(rows: list[RankEntry], spread: dict[str, Any] | None) -> list[Finding]:
+    """What the ranks say together: failed and missing ranks, an uneven job."""
+    found = []
+    for row in rows:
+        if not row.reported:
+            found.append(
+                Finding(
+                    "rank_missing",
+                    "error",
+                    f"rank {row.rank} sent no report: {row.exit.error}; its row is empty",
+                    {"rank": row.rank, "status": row.exit.status},
+                )
+            )
+        elif row.exit.status != "ok" or row.exit.code:
+            error = f": {row.exit.error}" if row.exit.error else ""
+            found.append(
+                Finding(
+                    "rank_failed",
+                    "error" if row.exit.status in FAILED_ON_ITS_OWN else "warning",
+                    f"{_where(row)} ended {row.exit.status} (exit code {row.exit.code}){error};"
+                    " its row is from its partial report",
+                    {"rank": row.rank, "status": row.exit.status, "code": row.exit.code},
+                )
+            )
+    ratio = spread.get("max_over_min") if spread else None
+    if spread and (ratio is None or ratio >= IMBALANCE_WORTH_SAYING) and spread["spread_bytes"]:
+        what = "peak allocated" if spread["by"] == "peak_allocated_bytes" else "peak host RSS"
+        times = f"{ratio:.2f}×" if ratio else "far above"
+        found.append(
+            Finding(
+                "rank_imbalance",
+                "warning" if ratio is None or ratio >= IMBALANCE_WARNING else "info",
+                f"rank {spread['heaviest_rank']} is the heaviest: {what} "
+                f"{format_bytes(spread['max_bytes'])}, {times} rank {spread['lightest_rank']}'s "
+                f"{format_bytes(spread['min_bytes'])} ({format_bytes(spread['spread_bytes'])} "
+                "more); every GPU of the job needs room for the heaviest rank",
+                dict(spread),
+            )
+        )
+    return found
+
+
+def job_report(
+    base: Report, rows: list[RankEntry], gather: dict[str, Any], world_size: int
+) -> Report:
+    """The job's report: ``base`` (the heaviest rank's own report, or rank 0's when the
+    heaviest one's could not be read) with a row per rank, the job's exit, the heaviest rank
+    and the imbalance. ``gather`` describes how the rows came."""
+    rows = sorted(rows, key=lambda r: r.rank)
+    by = measure_of(rows)
+    top = heaviest(rows, by)
+    spread = imbalance(rows, by)
+    section = base.extra.get("distributed")
+    section = dict(section) if isinstance(section, dict) else {}
+    if top is not None and section.get("rank") != top.rank:
+        # the heaviest rank's own report was not readable: its numbers, rank 0's details
+        base.peak = dataclasses.replace(top.peak)
+        base.categories_at_peak = dataclasses.replace(top.categories_at_peak)
+        base.categories_note = (
+            f"peak and categories are rank {top.rank}'s (the heaviest); the rest of this "
+            f"report is rank {section.get('rank')}'s, whose own report is below"
+        )
+        section["memory"] = list(top.memory)
+    section.update(
+        world_size=world_size,
+        gathered=True,
+        heaviest_rank=top.rank if top is not None else None,
+        ranks_reported=sum(1 for r in rows if r.reported),
+        imbalance=spread,
+        gather=gather,
+    )
+    base.extra["distributed"] = section
+    base.ranks = rows
+    base.exit = job_exit(rows)
+    base.findings = rank_findings(rows, spread) + list(base.findings)
+    return base
