@@ -169,8 +169,7 @@ def command(
         snapshot=snapshot_path,
     )
     if job is not None:
-        job.attach(session)
-        session.preferred_cuda_index = job.info.local_rank
+        job.start(session)
     # SIGTERM/SIGHUP while the script runs end it; while the files are written, they wait
     with StopSignals() as stops:
         report, code = run_script(script, list(args), session, stops)

@@ -167,6 +167,17 @@ def load_report(raw: bytes) -> Report:
     return Report.from_dict(data)
 
 
+def _small_json(raw: bytes) -> dict[str, Any] | None:
+    """A small JSON object (a hello or a row), or None."""
+    if len(raw) > MAX_ROW_BYTES:
+        return None
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 class StoreChannel:
     """Reports through a c10d key-value store (TCPStore, FileStore, a PrefixStore of them).
 
@@ -184,6 +195,17 @@ class StoreChannel:
     def _key(self, rank: int, part: str) -> str:
         return f"{self.prefix}/{rank}/{part}"
 
+    def hello(self, rank: int, data: dict[str, Any]) -> None:
+        self.store.set(self._key(rank, "hello"), json.dumps(data).encode())
+
+    def hellos(self, ranks: set[int]) -> dict[int, dict[str, Any]]:
+        found = {}
+        for rank in ranks:
+            key = self._key(rank, "hello")
+            if self.store.check([key]):
+                found[rank] = _small_json(bytes(self.store.get(key)))
+        return {rank: value for rank, value in found.items() if value}
+
     def publish(self, rank: int, row: dict[str, Any], report: Report) -> None:
         self.store.set(self._key(rank, "report"), encode_report(report))
         self.store.set(self._key(rank, "row"), json.dumps(row, allow_nan=False).encode())
@@ -198,11 +220,10 @@ class StoreChannel:
         return {r for r in pending if self.store.check([self._key(r, "row")])}
 
     def row(self, rank: int) -> dict[str, Any] | None:
-        raw = bytes(self.store.get(self._key(rank, "row")))
-        if len(raw) > MAX_ROW_BYTES:
-            return None
-        value = json.loads(raw.decode("utf-8"))
-        return value if isinstance(value, dict) else None
+        value = _small_json(bytes(self.store.get(self._key(rank, "row"))))
+        if value is None:
+            raise VramscopeError("not a row")
+        return value
 
     def report(self, rank: int) -> Report | None:
         key = self._key(rank, "report")
@@ -213,7 +234,7 @@ class StoreChannel:
     def forget(self, ranks: list[int]) -> None:
         """Delete what the ranks published, so the store does not keep it."""
         for rank in ranks:
-            for part in ("row", "report"):
+            for part in ("hello", "row", "report"):
                 with contextlib.suppress(Exception):
                     self.store.delete_key(self._key(rank, part))
         with contextlib.suppress(Exception):
@@ -232,9 +253,22 @@ class FileChannel:
         self._reports: dict[int, Report] = {}
         self._seen: dict[str, tuple[int, int]] = {}  # name -> (mtime_ns, size) read
 
+    def hello(self, rank: int, data: dict[str, Any]) -> None:
+        self.dir.write(f"hello-{rank}.json", json.dumps({**data, "job": self.job}).encode())
+
+    def hellos(self, ranks: set[int]) -> dict[int, dict[str, Any]]:
+        found = {}
+        for rank in ranks:
+            raw = self.dir.read(f"hello-{rank}.json", limit=MAX_ROW_BYTES)
+            value = _small_json(raw) if raw is not None else None
+            if value and value.get("job") == self.job:
+                found[rank] = value
+        return found
+
     def publish(self, rank: int, row: dict[str, Any], report: Report) -> None:
         del row  # the file is the report; its row is derived from it
         self.dir.write(rank_file(rank), report.to_json().encode("utf-8") + b"\n")
+        self.dir.remove(f"hello-{rank}.json")
 
     def arrived(self, pending: set[int]) -> set[int]:
         found = set()
@@ -268,7 +302,10 @@ class FileChannel:
         return self._reports.get(rank)
 
     def forget(self, ranks: list[int]) -> None:
+        """Drop the reports read, and the hellos of ranks that never reported."""
         self._reports.clear()
+        for rank in ranks:
+            self.dir.remove(f"hello-{rank}.json")
 
 
 def group_store() -> Any | None:

@@ -178,7 +178,7 @@ def rank_findings(rows: list[RankEntry], spread: dict[str, Any] | None) -> list[
                 Finding(
                     "rank_missing",
                     "error",
-                    f"rank {row.rank} sent no report: {row.exit.error}; its row is empty",
+                    f"{_where(row)} sent no report ({row.exit.error}); its row is empty",
                     {"rank": row.rank, "status": row.exit.status},
                 )
             )
@@ -204,7 +204,7 @@ def rank_findings(rows: list[RankEntry], spread: dict[str, Any] | None) -> list[
                 f"rank {spread['heaviest_rank']} is the heaviest: {what} "
                 f"{format_bytes(spread['max_bytes'])}, {times} rank {spread['lightest_rank']}'s "
                 f"{format_bytes(spread['min_bytes'])} ({format_bytes(spread['spread_bytes'])} "
-                "more); every GPU of the job needs room for the heaviest rank",
+                "more); every device of the job needs room for the heaviest rank",
                 dict(spread),
             )
         )
