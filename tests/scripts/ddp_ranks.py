@@ -30,6 +30,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 kept = None
 if rank == args.heavy_rank:
     kept = torch.ones(64 * 1024 * 1024 // 4)  # touched: 64 MiB resident
+    time.sleep(0.3)  # held while the host memory is sampled (every 0.1 s)
 for step in range(args.steps):
     x, y = torch.randn(16, 64), torch.randint(0, 8, (16,))
     loss = nn.functional.cross_entropy(model(x), y)

@@ -8,9 +8,7 @@ from pathlib import Path
 import click
 
 from vramscope.cli.common import check_paths, emit, output_options, real_stdout
-from vramscope.distributed.job import DEFAULT_TIMEOUT_S, VIA
-from vramscope.tracking.runner import StopSignals, apply_allocator_config, run_script
-from vramscope.tracking.session import Session
+from vramscope.distributed import DEFAULT_TIMEOUT_S, VIA
 
 
 def detail_options(func):
@@ -147,7 +145,10 @@ def command(
         if code:
             sys.exit(code)
         return
+    # torch is imported from here on: `--nproc` above starts torchrun without it
     from vramscope.distributed.job import RankJob
+    from vramscope.tracking.runner import StopSignals, apply_allocator_config, run_script
+    from vramscope.tracking.session import Session
 
     job = RankJob.from_env(json_path=json_path, timeout_s=gather_timeout, via=gather_via)
     gatherer = job is None or job.is_gatherer

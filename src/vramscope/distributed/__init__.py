@@ -5,3 +5,7 @@ DDP and FSDP add; ``exchange`` moves each rank's report to rank 0 (the job's sto
 files in a private directory); ``gather`` joins the reports into one (pure functions);
 ``job`` runs those steps at the end of a rank; ``launch`` is ``vramscope run --nproc``.
 """
+
+DEFAULT_TIMEOUT_S = 60.0  # how long rank 0 waits for the other ranks' reports by default
+VIA = ("auto", "files")  # --gather-via: the job's stores and files, or files only
+JOB_EXIT_FILE = "VRAMSCOPE_JOB_EXIT_FILE"  # set by `vramscope run --nproc` for rank 0

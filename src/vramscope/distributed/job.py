@@ -12,19 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vramscope.distributed import exchange, gather
+from vramscope.distributed import DEFAULT_TIMEOUT_S, JOB_EXIT_FILE, VIA, exchange, gather
 from vramscope.distributed.memory import DistributedMemory
 from vramscope.distributed.rank import RankInfo, now_iso
 from vramscope.errors import VramscopeError
 from vramscope.report.model import RankEntry, Report
 
-DEFAULT_TIMEOUT_S = 60.0
 # once rank 0 is being stopped (torchrun stops every rank when one fails, and kills them
 # 30 s later), the others are being stopped too: wait at most this long for their reports
 STOPPING_WAIT_S = 10.0
 LIVENESS_EVERY_S = 0.25  # how often rank 0 looks whether a silent rank's process still runs
-JOB_EXIT_FILE = "VRAMSCOPE_JOB_EXIT_FILE"  # set by `vramscope run --nproc` for rank 0
-VIA = ("auto", "files")
 
 
 class RankJob:
@@ -155,11 +152,11 @@ class RankJob:
             row.pid = hello.get("pid") if isinstance(hello.get("pid"), int) else None
             rows[rank] = row
         base = self._heaviest_report(own, list(rows.values()), source)
-        if not self._kept:
-            self._clean_up(rows, source)
         for channel in self._channels:
             with contextlib.suppress(Exception):
                 channel.forget(list(range(world)))
+        if not self._kept:
+            self._clean_up(rows, source)
         gathered: dict[str, Any] = {
             "via": sorted({channel.name for channel in source.values()}),
             "seconds": round(time.perf_counter() - started, 4),

@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vramscope.distributed import JOB_EXIT_FILE
 from vramscope.distributed.exchange import PrivateDir, UnsafeDirectory
-from vramscope.distributed.job import JOB_EXIT_FILE
 from vramscope.errors import VramscopeError
 
 # forwarded to torchrun, which stops its ranks (each leaves its report); Ctrl-C in a
@@ -48,7 +48,7 @@ def launch(
     """Run the job; its exit code: the first failing rank's own code (as rank 0's report
     says), else torchrun's. ``stdout``: where the ranks' stdout goes (``--json -``: the
     real stdout, which rank 0 writes the JSON to)."""
-    if importlib.util.find_spec("torch.distributed.run") is None:
+    if not _has_torchrun():
         raise VramscopeError("--nproc needs torch.distributed, which this torch build lacks")
     if not Path(script).is_file():
         raise VramscopeError(f"no such script: {script}")
@@ -79,6 +79,14 @@ def launch(
         return 128 - code if code < 0 else code  # killed by a signal: as a shell says
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _has_torchrun() -> bool:
+    """Whether torch has torchrun, found without importing torch (seconds this process
+    does not need: only torchrun and the ranks import it)."""
+    spec = importlib.util.find_spec("torch")
+    places = spec.submodule_search_locations if spec is not None else None
+    return any((Path(p) / "distributed" / "run.py").is_file() for p in places or [])
 
 
 def _job_exit_code(base: Path) -> int | None:
