@@ -131,14 +131,13 @@ def fsdp_items(model: torch.nn.Module, device_type: str) -> list[dict[str, Any]]
         return []
     largest = max(groups, key=lambda g: g["gathered_bytes"])
     largest_rs = max(groups, key=lambda g: g["reduce_scatter_bytes"])
-    kept = [g["module"] or "(root)" for g in groups if not g["reshard_after_forward"]]
+    kept = [g["module"] or "the root" for g in groups if not g["reshard_after_forward"]]
     resharding = ""
     if kept:
         resharding = (
-            "; groups with reshard_after_forward=False keep theirs from forward to backward ("
+            "; groups with reshard_after_forward=False keep theirs from forward to backward: "
             + ", ".join(kept[:5])
             + (", …" if len(kept) > 5 else "")
-            + ")"
         )
     return [
         {
@@ -149,7 +148,7 @@ def fsdp_items(model: torch.nn.Module, device_type: str) -> list[dict[str, Any]]
             "category": _category("activations" if kept else "temporaries", device_type),
             "exact": True,
             "groups": len(groups),
-            "largest_group": largest["module"] or "(root)",
+            "largest_group": largest["module"] or "the root",
             "note": FSDP_PARAMS_NOTE.format(resharding=resharding),
         },
         {
@@ -160,10 +159,13 @@ def fsdp_items(model: torch.nn.Module, device_type: str) -> list[dict[str, Any]]
             "category": _category("temporaries", device_type),
             "exact": True,
             "groups": len(groups),
-            "largest_group": largest_rs["module"] or "(root)",
+            "largest_group": largest_rs["module"] or "the root",
             "note": FSDP_REDUCE_NOTE,
         },
     ]
+
+
+ITEM_ORDER = ("ddp_gradient_buckets", "fsdp_unsharded_parameters", "fsdp_reduce_scatter_buffers")
 
 
 class DistributedMemory:
@@ -205,4 +207,4 @@ class DistributedMemory:
 
     def items(self) -> list[dict[str, Any]]:
         """The named pieces, DDP's first, each model's once."""
-        return sorted(self._items.values(), key=lambda item: item["name"])
+        return sorted(self._items.values(), key=lambda item: ITEM_ORDER.index(item["name"]))
