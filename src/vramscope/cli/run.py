@@ -177,11 +177,14 @@ def command(
         sys.stdout.flush()
         status = report.exit.status
         snapshot = report.extra.get("snapshot")
-        if job is not None:
-            gathered = job.finish(report, stopping=lambda: stops.received is not None)
-        if job is None or gathered is not None:
-            emit(gathered if job is not None else report, json_path, html_path, trace_path,
-                 csv_path, quiet)  # fmt: skip
+        if job is not None:  # rank 0 gets the job's report; the other ranks None
+            try:
+                report = job.finish(report, stopping=lambda: stops.received is not None)
+            except Exception as exc:  # never lose the rank's own report to the gathering
+                click.echo(f"{said}the ranks' reports were not gathered: {exc}", err=True)
+                report = report if gatherer else None
+        if report is not None:
+            emit(report, json_path, html_path, trace_path, csv_path, quiet)
         if snapshot and not quiet:
             click.echo(f"{said}wrote {snapshot}", err=True)
     if stops.received is not None:

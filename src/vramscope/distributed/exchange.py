@@ -250,7 +250,7 @@ class FileChannel:
     def __init__(self, directory: PrivateDir, job: str) -> None:
         self.dir = directory
         self.job = job
-        self._reports: dict[int, Report] = {}
+        self._data: dict[int, dict[str, Any]] = {}  # rank -> its report's JSON form
         self._seen: dict[str, tuple[int, int]] = {}  # name -> (mtime_ns, size) read
 
     def hello(self, rank: int, data: dict[str, Any]) -> None:
@@ -277,33 +277,38 @@ class FileChannel:
             name = rank_file(rank)
             if name not in names:
                 continue
-            with contextlib.suppress(OSError):
+            try:
                 info = os.stat(name, dir_fd=self.dir.fd, follow_symlinks=False)
-                mark = (info.st_mtime_ns, info.st_size)
-                if self._seen.get(name) == mark:
-                    continue  # read before: another job's
-                self._seen[name] = mark
-            raw = self.dir.read(name)
-            if raw is None:
+            except OSError:
                 continue
-            with contextlib.suppress(VramscopeError):
-                report = load_report(raw)
-                section = report.extra.get("distributed")
-                ours = isinstance(section, dict) and section.get("job") == self.job
-                if ours and section.get("rank") == rank:
-                    self._reports[rank] = report
-                    found.add(rank)
+            mark = (info.st_mtime_ns, info.st_size)
+            if self._seen.get(name) == mark:
+                continue  # read before: another job's
+            self._seen[name] = mark
+            raw = self.dir.read(name)
+            try:
+                data = json.loads(raw.decode("utf-8")) if raw is not None else None
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                continue
+            section = data.get("distributed") if isinstance(data, dict) else None
+            ours = isinstance(section, dict) and section.get("job") == self.job
+            if ours and section.get("rank") == rank:
+                self._data[rank] = data
+                found.add(rank)
         return found
 
     def row(self, rank: int) -> dict[str, Any] | None:
-        return None  # rank 0 derives it from the report
+        from vramscope.distributed.gather import row_from_data, row_to_dict
+
+        return row_to_dict(row_from_data(self._data[rank]))
 
     def report(self, rank: int) -> Report | None:
-        return self._reports.get(rank)
+        data = self._data.get(rank)
+        return Report.from_dict(data) if data is not None else None
 
     def forget(self, ranks: list[int]) -> None:
         """Drop the reports read, and the hellos of ranks that never reported."""
-        self._reports.clear()
+        self._data.clear()
         for rank in ranks:
             self.dir.remove(f"hello-{rank}.json")
 
@@ -320,7 +325,7 @@ def group_store() -> Any | None:
         return None
 
 
-def agent_store(address: tuple[str, int], timeout_s: float = 5.0) -> Any | None:
+def agent_store(address: tuple[str, int], timeout_s: float = 3.0) -> Any | None:
     """torchrun's store, as a client (what its workers connect to when they make a group)."""
     try:
         import torch.distributed as dist

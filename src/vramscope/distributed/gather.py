@@ -30,40 +30,55 @@ IMBALANCE_WARNING = 1.25
 
 def row_of(report: Report) -> RankEntry:
     """A rank's row from its own report (its ``distributed`` section says which rank)."""
-    section = report.extra.get("distributed")
-    section = section if isinstance(section, dict) else {}
-    device = {
-        key: report.device.get(key)
-        for key in ("type", "name", "index", "total_bytes")
-        if key in report.device
-    }
-    memory = section.get("memory")
-    steps = sum(max(1, s.count) for s in report.steps)
-    duration = None
-    if report.steps:
-        last = report.steps[-1]
-        duration = round(last.start_s + last.duration_s, 3)
-    return RankEntry(
-        rank=_whole(section.get("rank")) or 0,
-        host=_text(section.get("host")),
-        peak=dataclasses.replace(report.peak),
-        categories_at_peak=dataclasses.replace(report.categories_at_peak),
-        exit=RankExit(
-            status=report.exit.status,
-            code=report.exit.code,
-            error=report.exit.error,
-            signal=report.exit.signal,
-        ),
-        reported=True,
-        local_rank=_whole(section.get("local_rank")),
-        pid=_whole(section.get("pid")),
-        device=device,
-        steps=steps,
-        duration_s=duration,
-        memory=[m for m in memory if isinstance(m, dict)] if isinstance(memory, list) else [],
-        report_file=_text(section.get("report_file")),
-        ended_at=_text(section.get("ended_at")),
+    last = report.steps[-1] if report.steps else None
+    return row_from_data(
+        {
+            "distributed": report.extra.get("distributed"),
+            "device": report.device,
+            "peak": dataclasses.asdict(report.peak),
+            "categories_at_peak": dataclasses.asdict(report.categories_at_peak),
+            "exit": dataclasses.asdict(report.exit),
+            "steps": [{"count": s.count} for s in report.steps[:-1]]
+            + ([dataclasses.asdict(last)] if last is not None else []),
+        }
     )
+
+
+def row_from_data(data: dict[str, Any]) -> RankEntry:
+    """A rank's row from its report's JSON form, without reading the whole report (rank 0
+    reads every rank's file, and only the heaviest one in full); VramscopeError, naming the
+    field, when a part is not what a report holds."""
+    section = data.get("distributed")
+    section = section if isinstance(section, dict) else {}
+    rank = _whole(section.get("rank"))
+    device = data.get("device") if isinstance(data.get("device"), dict) else {}
+    steps = [s for s in data.get("steps") or [] if isinstance(s, dict)]
+    duration = None
+    if steps and _number(steps[-1].get("start_s")) is not None:
+        duration = round(steps[-1]["start_s"] + (_number(steps[-1].get("duration_s")) or 0), 3)
+    memory = section.get("memory")
+    row = {
+        "rank": rank if rank is not None else -1,
+        "host": _text(section.get("host")),
+        "peak": data.get("peak") or {},
+        "categories_at_peak": data.get("categories_at_peak") or {},
+        "exit": data.get("exit") or {},
+        "reported": True,
+        "local_rank": _whole(section.get("local_rank")),
+        "pid": _whole(section.get("pid")),
+        "device": {k: device[k] for k in ("type", "name", "index", "total_bytes") if k in device},
+        "steps": sum(max(1, _whole(s.get("count")) or 1) for s in steps),
+        "duration_s": duration,
+        "memory": [m for m in memory if isinstance(m, dict)] if isinstance(memory, list) else [],
+        "report_file": _text(section.get("report_file")),
+        "ended_at": _text(section.get("ended_at")),
+    }
+    return _build(RankEntry, row, f"ranks[{rank}]")
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else None
 
 
 def _whole(value: Any) -> int | None:

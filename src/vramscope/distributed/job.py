@@ -46,6 +46,7 @@ class RankJob:
         self._dir: exchange.PrivateDir | None = None
         self._kept = False
         self._channels: list[Any] = []
+        self._known_hellos: dict[int, dict[str, Any]] = {}
 
     @classmethod
     def from_env(cls, **options: Any) -> RankJob | None:
@@ -93,6 +94,8 @@ class RankJob:
             self._channels.insert(0, channel)
         row = gather.row_to_dict(gather.row_of(report))
         for channel in self._channels:
+            if self.is_gatherer and not isinstance(channel, exchange.FileChannel):
+                continue  # rank 0 keeps its own report; its file is the one kept
             try:
                 channel.publish(self.info.rank, row, report)
             except Exception as exc:  # one channel down: the others still carry it
@@ -188,13 +191,16 @@ class RankJob:
         return found
 
     def _hellos(self, ranks: set[int]) -> dict[int, dict[str, Any]]:
-        """Where the ranks said they run (host, pid), through any channel."""
-        found: dict[int, dict[str, Any]] = {}
+        """Where the ranks said they run (host, pid), through any channel; each rank's is
+        read once."""
+        known = self._known_hellos
         for channel in self._channels:
+            unknown = ranks - set(known)
+            if not unknown:
+                break
             with contextlib.suppress(Exception):
-                for rank, hello in channel.hellos(ranks - set(found)).items():
-                    found[rank] = hello
-        return found
+                known.update(channel.hellos(unknown))
+        return {rank: known[rank] for rank in ranks if rank in known}
 
     def _processes_gone(self, ranks: set[int]) -> set[int]:
         """Ranks on this host whose process has ended (or is a zombie)."""
@@ -216,12 +222,7 @@ class RankJob:
 
     def _row(self, channel: Any, rank: int) -> RankEntry | None:
         try:
-            data = channel.row(rank)
-            row = (
-                gather.row_from_dict(data, rank)
-                if data is not None
-                else gather.row_of(channel.report(rank))
-            )
+            row = gather.row_from_dict(channel.row(rank), rank)
         except Exception as exc:
             self.notes.append(f"rank {rank}'s report through {channel.name} is unreadable: {exc}")
             return None

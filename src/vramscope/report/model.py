@@ -8,6 +8,7 @@ newer minor version are kept in ``extra`` so nothing is lost on re-save.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -353,10 +354,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
     unknown keys go to ``extra``; a null or missing field takes its default."""
     if not isinstance(data, dict):
         raise _wrong(where, "an object", data)
-    hints = typing.get_type_hints(cls)
+    hints, fields = _shape(cls)
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
-    fields = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in data.items():
         if key not in fields:
             extra[key] = value
@@ -373,6 +373,13 @@ def _build(cls: type, data: Any, where: str) -> Any:
     if "extra" in fields:
         kwargs.setdefault("extra", {}).update(extra)
     return cls(**kwargs)
+
+
+@functools.cache
+def _shape(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """A dataclass's resolved type hints and fields, worked out once per class (resolving
+    hints is slow, and a long run's report holds thousands of steps and phases)."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
 
 
 def _has_default(f: dataclasses.Field) -> bool:
