@@ -101,7 +101,7 @@ def test_a_job_gives_one_report_with_a_row_per_rank(three_ranks):
     assert set(data["ranks"][0]) >= {"rank", "host", "peak", "categories_at_peak", "exit"}
     assert data["distributed"]["world_size"] == 3 and data["distributed"]["backend"] == "gloo"
     assert report.exit.status == "ok" and report.exit.code == 0
-    assert proc.stdout.count("Ranks (3 of 3 reported") == 1  # only rank 0 prints
+    assert proc.stdout.count("Ranks: 3 of 3 reported") == 1  # only rank 0 prints
 
 
 def test_the_top_level_peak_is_the_heaviest_ranks(three_ranks):
@@ -160,7 +160,7 @@ def test_the_terminal_shows_the_ranks_side_by_side_in_80_columns(three_ranks):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
-    start = next(i for i, line in enumerate(lines) if "Ranks (3 of 3 reported" in line)
+    start = next(i for i, line in enumerate(lines) if "Ranks: 3 of 3 reported" in line)
     rows = [line.split() for line in lines[start : start + 8] if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["0", "1", "2"]
     assert "heaviest" in " ".join(rows[2]) and "heaviest" not in " ".join(rows[0] + rows[1])
@@ -359,3 +359,33 @@ def test_bad_distributed_options_are_one_line_and_exit_code_2(
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_ranks_measured_on_a_gpu_are_weighed_by_allocated_and_fit_80_columns():
+    """Two reports recorded on an H200 as the ranks of one job: the heavier by peak
+    allocated is on top, the ranks table takes its narrow layout in 80 columns."""
+    from rich.console import Console
+
+    from vramscope.report import html
+    from vramscope.report.terminal import render
+
+    reports = [Report.load(ROOT / "tests" / "data" / n) for n in RECORDED]
+    for rank, report in enumerate(reports):
+        report.extra["distributed"] = {"rank": rank, "host": f"node-{rank}", "job": "j"}
+    rows = [gather.row_of(r) for r in reports]
+    job = gather.job_report(reports[1], rows, {"via": ["files"], "seconds": 0.1}, 2)
+    assert job.extra["distributed"]["heaviest_rank"] == 0  # 774 MiB against 102 MiB
+    assert job.peak.allocated_bytes == reports[0].peak.allocated_bytes
+    assert job.categories_at_peak == reports[0].categories_at_peak
+    assert "rank 0's (the heaviest)" in job.categories_note
+    assert schema.errors(json.loads(job.to_json())) == []
+    console = Console(width=80, record=True, color_system=None)
+    console.print(render(job))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    table = [line.split() for line in lines if line.strip().startswith(("0 ◀", "1 "))]
+    assert table[0][:4] == ["0", "◀", "node-0", "774.47"] and table[1][:2] == ["1", "node-1"]
+    assert 'class="hl"' in html.render(job)
+
+
+RECORDED = ("report_h200_gpt.json", "report_h200_leak.json")

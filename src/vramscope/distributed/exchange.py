@@ -38,7 +38,8 @@ class UnsafeDirectory(VramscopeError):
 
 
 def _uid() -> int:
-    return os.getuid() if hasattr(os, "getuid") else 0
+    """The user files are made as (the owner a private directory must have)."""
+    return os.geteuid() if hasattr(os, "geteuid") else 0
 
 
 class PrivateDir:

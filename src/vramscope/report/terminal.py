@@ -51,10 +51,13 @@ def _header(report: Report) -> Text:
     job = _job(report)
     if report.ranks:
         text.append(f"\n{len(report.ranks)} ranks; below: rank {_s(job.get('rank'))}'s report")
-        if job.get("heaviest_rank") is not None:
-            text.append(" (the heaviest)")
         if job.get("host"):
-            text.append(f" on {_s(job['host'])}")
+            text.append(f" (on {_s(job['host'])})")
+        heaviest = job.get("heaviest_rank")
+        if heaviest is not None and heaviest == job.get("rank"):
+            text.append(", the heaviest")
+        elif heaviest is not None:
+            text.append(f"; peak and categories: rank {_s(heaviest)}'s, the heaviest")
     if report.exit.status != "ok":
         text.append(f"\nrun ended: {report.exit.status}", style="bold red")
         if report.exit.error:
@@ -71,8 +74,10 @@ def _job(report: Report) -> dict[str, Any]:
 def _peak_table(report: Report) -> RenderableType:
     p = report.peak
     title = "Peak (max over every step, the first included)"
-    if report.ranks and _job(report).get("rank") is not None:
-        title = f"Peak of rank {_s(_job(report)['rank'])} (max over every step, the first included)"
+    job = _job(report)
+    rank = job.get("heaviest_rank", job.get("rank"))
+    if report.ranks and rank is not None:  # the heaviest rank's peak tops a job's report
+        title = f"Peak of rank {_s(rank)} (max over every step, the first included)"
     where = f"step {p.step}, {p.phase}" if p.step is not None else ""
     cells = [
         ("allocated", b(p.allocated_bytes)),
@@ -270,8 +275,7 @@ def _ranks_table(report: Report) -> RenderableType:
         else [("peak host RSS", "host_rss_bytes")]
     )
     reported = sum(1 for r in rows if r.reported)
-    title = f"Ranks ({reported} of {len(rows)} reported"
-    title += f"; heaviest: rank {heaviest})" if heaviest is not None else ")"
+    title = f"Ranks: {reported} of {len(rows)} reported"
 
     def mark(row: RankEntry) -> str:
         return "◀ heaviest" if row.rank == heaviest else ""
@@ -295,15 +299,18 @@ def _ranks_table(report: Report) -> RenderableType:
             mark(row),
             style=style(row),
         )
-    main_name, main_key = measures[0]
-    narrow = Table(box=box.SIMPLE_HEAD, title=title)
-    for col in ("rank", "host", main_name, "exit"):
-        narrow.add_column(col, justify="right" if col in ("rank", main_name) else "left")
+    kept = [measures[0], measures[-1]] if cuda else measures  # peak alloc and host RSS
+    narrow = Table(box=box.SIMPLE_HEAD, title=title, caption="◀ the heaviest rank")
+    narrow.add_column("rank", justify="right")
+    narrow.add_column("host")
+    for name, _ in kept:
+        narrow.add_column(name, justify="right")
+    narrow.add_column("exit")
     for row in rows:
         narrow.add_row(
             f"{row.rank}{' ◀' if row.rank == heaviest else ''}",
             _s(row.host),
-            b(getattr(row.peak, main_key)) if row.reported else "—",
+            *(b(getattr(row.peak, key)) if row.reported else "—" for _, key in kept),
             _rank_exit(row),
             style=style(row),
         )
