@@ -18,6 +18,7 @@ import pytest
 from vramscope import schema
 from vramscope.cli.main import main
 from vramscope.distributed import exchange, gather
+from vramscope.distributed.launch import torchrun_command
 from vramscope.distributed.rank import RankInfo, job_key
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Peak, RankEntry, RankExit, Report
@@ -31,31 +32,18 @@ PARAMETER_BYTES = 4 * ((64 * 256 + 256) + (256 * 256 + 256) + (256 * 8 + 8))
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="torchrun jobs on POSIX")
 
 
-def job(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run a command of this Python (``-m torch.distributed.run ...`` or ``-m vramscope``)."""
+def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="80")
-    proc = subprocess.run(
-        [sys.executable, "-m", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    return proc
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
 
 
-def torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return job(
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "vramscope",
-        "run",
-        *args,
-        cwd=cwd,
-    )
+def vramscope(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "vramscope", *args], cwd)
+
+
+def torchrun(nproc: int, options: list[str], script_args: list[str], cwd: Path):
+    """``torchrun --standalone --nproc-per-node N -m vramscope run OPTIONS ddp_ranks.py ARGS``."""
+    return run(torchrun_command(nproc, options, str(SCRIPT), script_args), cwd)
 
 
 def load(path: Path) -> tuple[dict, Report]:
@@ -71,16 +59,7 @@ def load(path: Path) -> tuple[dict, Report]:
 def three_ranks(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("three")
     proc = torchrun(
-        3,
-        "--json",
-        "job.json",
-        "--html",
-        "job.html",
-        str(SCRIPT),
-        "--heavy-rank",
-        "2",
-        "--keep-group",
-        cwd=out,
+        3, ["--json", "job.json", "--html", "job.html"], ["--heavy-rank", "2", "--keep-group"], out
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, out
@@ -156,7 +135,7 @@ def test_rank_0_gathered_through_the_process_group_within_a_second(three_ranks):
 
 def test_the_terminal_shows_the_ranks_side_by_side_in_80_columns(three_ranks):
     _, out = three_ranks
-    proc = job("vramscope", "report", "job.json", cwd=out)
+    proc = vramscope("report", "job.json", cwd=out)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
@@ -185,21 +164,10 @@ def test_the_html_report_has_a_ranks_section_with_text_escaped(three_ranks):
 
 
 def test_a_failing_rank_leaves_its_row_and_the_job_keeps_its_exit_code(tmp_path):
-    proc = job(
-        "vramscope",
-        "run",
-        "--nproc",
-        "2",
-        "-q",
-        "--json",
-        "job.json",
-        str(SCRIPT),
-        "--fail-rank",
-        "1",
-        "--steps",
-        "40",
+    proc = vramscope(
+        "run", "--nproc", "2", "-q", "--json", "job.json", str(SCRIPT), "--fail-rank", "1",
         cwd=tmp_path,
-    )
+    )  # fmt: skip
     assert proc.returncode == 3, proc.stderr[-3000:]  # rank 1's sys.exit(3), not torchrun's 1
     assert "rank 1: " in proc.stderr and "exited with code 3" in proc.stderr
     _, report = load(tmp_path / "job.json")
@@ -215,19 +183,9 @@ def test_a_hanging_rank_is_marked_timed_out_after_the_gather_timeout(tmp_path):
     done = tmp_path / "job.json"  # the hanging rank waits until the job's report exists
     proc = torchrun(
         2,
-        "-q",
-        "--gather-timeout",
-        "2",
-        "--gather-via",
-        "files",
-        "--json",
-        "job.json",
-        str(SCRIPT),
-        "--hang-rank",
-        "1",
-        "--hang-until",
-        str(done),
-        cwd=tmp_path,
+        ["-q", "--gather-timeout", "2", "--gather-via", "files", "--json", "job.json"],
+        ["--hang-rank", "1", "--hang-until", str(done)],
+        tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data, report = load(done)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -137,10 +138,7 @@ def command(
         check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
         from vramscope.distributed.launch import launch
 
-        forwarded = _run_options(
-            interval, allocator_config, detail, depth, lines_of, snapshot_path, gather_timeout,
-            gather_via, json_path, html_path, trace_path, csv_path, quiet,
-        )  # fmt: skip
+        forwarded = _run_options(click.get_current_context().params)
         code = launch(nproc, forwarded, script, list(args), stdout=real_stdout())
         if code:
             sys.exit(code)
@@ -199,36 +197,26 @@ def command(
         sys.exit(code)
 
 
-def _run_options(
-    interval: float,
-    allocator_config: str | None,
-    detail: str,
-    depth: int,
-    lines_of: tuple[str, ...],
-    snapshot_path: str | None,
-    gather_timeout: float,
-    gather_via: str,
-    json_path: str | None,
-    html_path: str | None,
-    trace_path: str | None,
-    csv_path: str | None,
-    quiet: bool,
-) -> list[str]:
-    """The options of ``run`` again, for each rank that ``--nproc`` starts."""
-    given = [
-        ("--interval", repr(interval)),
-        ("--allocator-config", allocator_config),
-        ("--detail", detail),
-        ("--depth", str(depth)),
-        ("--snapshot", snapshot_path),
-        ("--gather-timeout", repr(gather_timeout)),
-        ("--gather-via", gather_via),
-        ("--json", json_path),
-        ("--html", html_path),
-        ("--trace", trace_path),
-        ("--csv", csv_path),
-    ]
-    options = [part for name, value in given if value is not None for part in (name, value)]
-    for name in lines_of:
+def _run_options(params: dict[str, Any]) -> list[str]:
+    """The options ``run`` was given, again, for each rank that ``--nproc`` starts."""
+    names = {
+        "interval": "--interval",
+        "allocator_config": "--allocator-config",
+        "detail": "--detail",
+        "depth": "--depth",
+        "snapshot_path": "--snapshot",
+        "gather_timeout": "--gather-timeout",
+        "gather_via": "--gather-via",
+        "json_path": "--json",
+        "html_path": "--html",
+        "trace_path": "--trace",
+        "csv_path": "--csv",
+    }
+    options = []
+    for key, name in names.items():
+        if params.get(key) is not None:
+            value = params[key]
+            options += [name, repr(value) if isinstance(value, float) else str(value)]
+    for name in params.get("lines_of") or ():
         options += ["--lines-of", name]
-    return options + (["--quiet"] if quiet else [])
+    return options + (["--quiet"] if params.get("quiet") else [])

@@ -215,6 +215,14 @@ class RankExit:
     error: str | None = None
     signal: str | None = None
 
+    def summary(self) -> str:
+        """In a few words: ``ok``, ``error 3``, ``terminated 143 (SIGTERM)``, ``timed out``."""
+        if self.status == "ok" and not self.code:
+            return "ok"
+        if self.code is None:
+            return self.status.replace("_", " ")
+        return f"{self.status} {self.code}" + (f" ({self.signal})" if self.signal else "")
+
 
 @dataclass
 class RankEntry:

@@ -12,6 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from vramscope.report import jobtext
+from vramscope.report.freeform import mapping as _mapping
 from vramscope.report.freeform import number as _n
 from vramscope.report.freeform import records as _records
 from vramscope.report.freeform import text as _s
@@ -67,8 +69,7 @@ def _header(report: Report) -> Text:
 
 def _job(report: Report) -> dict[str, Any]:
     """The report's ``distributed`` section (a run under torchrun), or an empty dict."""
-    section = report.extra.get("distributed")
-    return section if isinstance(section, dict) else {}
+    return _mapping(report.extra.get("distributed"))
 
 
 def _peak_table(report: Report) -> RenderableType:
@@ -249,15 +250,6 @@ def _distributed_memory_by_category(report: Report) -> dict[str, list[tuple[str,
 # ---- distributed jobs: a row per rank ----------------------------------------------------------
 
 
-def _rank_exit(row: RankEntry) -> str:
-    e = row.exit
-    if e.status == "ok" and not e.code:
-        return "ok"
-    if e.code is None:
-        return e.status.replace("_", " ")
-    return f"{e.status} {e.code}" + (f" ({e.signal})" if e.signal else "")
-
-
 def _ranks_table(report: Report) -> RenderableType:
     """One row per rank, the heaviest marked; memory side by side, how each rank ended."""
     job = _job(report)
@@ -295,7 +287,7 @@ def _ranks_table(report: Report) -> RenderableType:
             _s(row.host),
             *cells,
             str(row.steps) if row.reported else "",
-            _rank_exit(row),
+            row.exit.summary(),
             mark(row),
             style=style(row),
         )
@@ -311,7 +303,7 @@ def _ranks_table(report: Report) -> RenderableType:
             f"{row.rank}{' ◀' if row.rank == heaviest else ''}",
             _s(row.host),
             *(b(getattr(row.peak, key)) if row.reported else "—" for _, key in kept),
-            _rank_exit(row),
+            row.exit.summary(),
             style=style(row),
         )
     return fitting(wide, narrow)
@@ -337,42 +329,18 @@ def _job_lines(report: Report) -> list[Text]:
     """The imbalance, how the ranks' reports came, and the distributed memory, in words."""
     job = _job(report)
     lines = []
-    spread = job.get("imbalance")
-    if isinstance(spread, dict) and _n(spread.get("max_bytes")) is not None:
-        what = "peak allocated" if spread.get("by") == "peak_allocated_bytes" else "peak host RSS"
-        ratio = _n(spread.get("max_over_min"))
-        text = f"Imbalance ({what}): heaviest rank {_s(spread.get('heaviest_rank'))} "
-        text += f"{b(_n(spread.get('max_bytes')))}, lightest rank "
-        text += f"{_s(spread.get('lightest_rank'))} {b(_n(spread.get('min_bytes')))}"
-        text += f": {ratio:.2f}× " if ratio is not None else ": "
-        text += f"(spread {b(_n(spread.get('spread_bytes')))})"
-        lines.append(Text(text))
-    got = job.get("gather")
-    if isinstance(got, dict):
-        via = ", ".join(_s(v) for v in got.get("via") or []) or "nothing"
-        text = f"Gathered by rank 0 via {via} in {_n(got.get('seconds')) or 0:.2f} s"
-        missing = got.get("missing") or []
-        if missing:
-            text += f"; no report from rank {', '.join(_s(m) for m in missing)} within "
-            text += f"{_n(got.get('timeout_s')) or 0:g} s"
-        if got.get("dir"):
-            text += f"; each rank's own report in {_s(got['dir'])}"
-        lines.append(Text(text, style="dim"))
-    items = _records(job.get("memory"))
+    spread, gathered = jobtext.imbalance(job), jobtext.gathering(job)
+    if spread:
+        lines.append(Text(spread))
+    if gathered:
+        lines.append(Text(gathered, style="dim"))
+    items = jobtext.memory(job)
     if items:
         lines.append(Text(f"Distributed memory of rank {_s(job.get('rank'))}:", style="bold"))
     for item in items:
-        amount, total = _n(item.get("bytes")), _n(item.get("total_bytes"))
-        text = f"• {_s(item.get('label') or item.get('name'))}: {b(amount)}"
-        if item.get("name") == "ddp_gradient_buckets":
-            text += f" in {_s(item.get('buckets'))} bucket(s)"
-        elif total is not None:
-            text += f" (largest of {_s(item.get('groups'))} groups; {b(total)} in all)"
-        if item.get("category"):
-            text += f", inside '{_s(item['category'])}'"
-        line = Text(text)
-        if item.get("note"):
-            line.append(f" — {_s(item['note'])}", style="dim")
+        line = Text(f"• {item['label']}: {item['size']}")
+        if item["note"]:
+            line.append(f" — {item['note']}", style="dim")
         lines.append(line)
     return lines
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramscope.report.freeform import number, records
+from vramscope.report import jobtext
+from vramscope.report.freeform import mapping, number
 from vramscope.report.freeform import text as _s
 from vramscope.report.html import charts
 from vramscope.report.html.blocks import Chart, Section, table
@@ -22,27 +23,12 @@ MEASURES_CUDA = (
 MEASURES_CPU = (("peak host RSS", "host_rss_bytes"),)
 
 
-def _job(report: Report) -> dict[str, Any]:
-    section = report.extra.get("distributed")
-    return section if isinstance(section, dict) else {}
-
-
-def exit_text(row: RankEntry) -> str:
-    """How a rank ended, in a few words: ``ok``, ``error 3``, ``terminated 143 (SIGTERM)``."""
-    e = row.exit
-    if e.status == "ok" and not e.code:
-        return "ok"
-    if e.code is None:
-        return e.status.replace("_", " ")
-    return f"{e.status} {e.code}" + (f" ({e.signal})" if e.signal else "")
-
-
 def section(report: Report, figures: dict[str, Any]) -> Section | None:
     """The ranks table, a bar per rank, the categories per rank and the job in words."""
     rows = report.ranks
     if not rows:
         return None
-    job = _job(report)
+    job = mapping(report.extra.get("distributed"))
     heaviest = number(job.get("heaviest_rank"))
     cuda = any(r.peak.allocated_bytes is not None for r in rows)
     measures = MEASURES_CUDA if cuda else MEASURES_CPU
@@ -58,7 +44,7 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
                 "" if row.local_rank is None else str(row.local_rank),
                 *cells,
                 str(row.steps) if row.reported else "",
-                exit_text(row),
+                row.exit.summary(),
                 row.exit.error or "",
                 "heaviest" if row.rank == heaviest else "",
             ]
@@ -78,8 +64,8 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
             "chart": _chart(rows, measures[0], heaviest, figures),
             "table": ranks_table,
             "categories": by_rank,
-            "lines": _job_lines(job),
-            "memory": _memory(job),
+            "lines": [t for t in (jobtext.imbalance(job), jobtext.gathering(job)) if t],
+            "memory": jobtext.memory(job),
         },
     )
 
@@ -126,51 +112,3 @@ def _categories_table(rows: list[RankEntry]) -> Any:
         return None
     body = [[str(r.rank), *(b(getattr(r.categories_at_peak, n)) for n in names)] for r in reported]
     return table(["rank", *(n.replace("_", " ") for n in names)], body)
-
-
-def _job_lines(job: dict[str, Any]) -> list[str]:
-    """The imbalance and how the ranks' reports were gathered, in words."""
-    lines = []
-    spread = job.get("imbalance")
-    if isinstance(spread, dict) and number(spread.get("max_bytes")) is not None:
-        what = "peak allocated" if spread.get("by") == "peak_allocated_bytes" else "peak host RSS"
-        ratio = number(spread.get("max_over_min"))
-        lines.append(
-            f"Imbalance by {what}: the heaviest rank ({_s(spread.get('heaviest_rank'))}) "
-            f"{b(number(spread.get('max_bytes')))}, the lightest "
-            f"({_s(spread.get('lightest_rank'))}) {b(number(spread.get('min_bytes')))}"
-            + (f": {ratio:.2f}×" if ratio is not None else "")
-            + f", a spread of {b(number(spread.get('spread_bytes')))}."
-        )
-    got = job.get("gather")
-    if isinstance(got, dict):
-        via = ", ".join(_s(v) for v in got.get("via") or []) or "nothing but its own"
-        text = f"Rank 0 gathered the reports via {via} in {number(got.get('seconds')) or 0:.2f} s"
-        if got.get("missing"):
-            text += "; no report from rank " + ", ".join(_s(m) for m in got["missing"])
-        if got.get("dir"):
-            text += f"; each rank's own report is in {_s(got['dir'])}"
-        lines.append(text + ".")
-    return lines
-
-
-def _memory(job: dict[str, Any]) -> list[dict[str, str]]:
-    """The distributed memory of the rank this page shows: name, size, where it counts."""
-    items = []
-    for item in records(job.get("memory")):
-        size = b(number(item.get("bytes")))
-        total = number(item.get("total_bytes"))
-        if item.get("name") == "ddp_gradient_buckets":
-            size += f" in {_s(item.get('buckets'))} bucket(s)"
-        elif total is not None:
-            size += f" (largest of {_s(item.get('groups'))} groups; {b(total)} in all)"
-        if item.get("category"):
-            size += f", inside {_s(item['category']).replace('_', ' ')}"
-        items.append(
-            {
-                "label": _s(item.get("label") or item.get("name")),
-                "size": size,
-                "note": _s(item.get("note")),
-            }
-        )
-    return items
