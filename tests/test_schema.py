@@ -43,6 +43,8 @@ PARTS = {
     m.Timeline: "timeline",
     m.OomInfo: "oom",
     m.ExitInfo: "exit",
+    m.RankEntry: "rank",
+    m.RankExit: "rank_exit",
 }
 
 

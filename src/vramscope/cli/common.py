@@ -94,6 +94,12 @@ def json_on_stdout() -> Iterator[None]:
         _JsonStdout.fd = _JsonStdout.stream = None
 
 
+def real_stdout() -> int | None:
+    """Under ``--json -``: a descriptor of the real stdout, for a child process that writes
+    the JSON (None otherwise: the child inherits stdout)."""
+    return _JsonStdout.fd
+
+
 def write_json(text: str, path: str) -> None:
     """Write JSON ``text`` to ``path``; ``-`` is stdout (the real one under ``--json -``)."""
     if not text.endswith("\n"):

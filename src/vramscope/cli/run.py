@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Any
 
 import click
 
-from vramscope.cli.common import check_paths, emit, output_options
-from vramscope.tracking.runner import StopSignals, apply_allocator_config, run_script
-from vramscope.tracking.session import Session
+from vramscope.cli.common import check_paths, emit, output_options, real_stdout
+from vramscope.distributed import DEFAULT_TIMEOUT_S, VIA
 
 
 def detail_options(func):
@@ -51,6 +52,40 @@ def detail_options(func):
     return func
 
 
+def distributed_options(func):
+    """--nproc, --gather-timeout, --gather-via: runs under torchrun."""
+    for option in reversed(
+        [
+            click.option(
+                "--nproc",
+                type=click.IntRange(min=1),
+                help="Start N ranks on this machine with torchrun (python -m "
+                "torch.distributed.run --standalone) and write one report with a row per rank.",
+            ),
+            click.option(
+                "--gather-timeout",
+                type=click.FloatRange(min=0),
+                default=DEFAULT_TIMEOUT_S,
+                show_default=True,
+                metavar="SECONDS",
+                help="Under torchrun: how long rank 0 waits, once its script has ended, for the "
+                "other ranks' reports; a rank that has not reported by then is marked timed out.",
+            ),
+            click.option(
+                "--gather-via",
+                type=click.Choice(VIA),
+                default="auto",
+                show_default=True,
+                help="Under torchrun: auto sends each rank's report through the job's store "
+                "(and files); files only through files beside --json (a shared folder for "
+                "several machines).",
+            ),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
 @click.command(
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False},
     short_help="Run a training or inference script under tracking.",
@@ -69,6 +104,7 @@ def detail_options(func):
     help="PYTORCH_CUDA_ALLOC_CONF options for the run, e.g. expandable_segments:True.",
 )
 @detail_options
+@distributed_options
 @output_options
 def command(
     script: str,
@@ -79,6 +115,9 @@ def command(
     depth: int,
     lines_of: tuple[str, ...],
     snapshot_path: str | None,
+    nproc: int | None,
+    gather_timeout: float,
+    gather_via: str,
     json_path: str | None,
     html_path: str | None,
     trace_path: str | None,
@@ -91,8 +130,32 @@ def command(
     Phases (forward, backward, optimizer, zero_grad, data), steps and epochs are found
     without changing the script. The script's exit code is kept; a failing or
     interrupted script still leaves a partial report.
+
+    Under torchrun (`torchrun --nproc-per-node N -m vramscope run ...`, or `--nproc N`)
+    each rank tracks itself and rank 0 writes one report with a row per rank.
     """
-    check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
+    if nproc is not None:
+        check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
+        from vramscope.distributed.launch import launch
+
+        forwarded = _run_options(click.get_current_context().params)
+        code = launch(nproc, forwarded, script, list(args), stdout=real_stdout())
+        if code:
+            sys.exit(code)
+        return
+    # torch is imported from here on: `--nproc` above starts torchrun without it
+    from vramscope.distributed.job import RankJob
+    from vramscope.tracking.runner import StopSignals, apply_allocator_config, run_script
+    from vramscope.tracking.session import Session
+
+    job = RankJob.from_env(json_path=json_path, timeout_s=gather_timeout, via=gather_via)
+    gatherer = job is None or job.is_gatherer
+    said = "vramscope: " if job is None else f"vramscope: rank {job.info.rank}: "
+    if gatherer:
+        check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
+    if job is not None and snapshot_path and job.info.world_size > 1:
+        path = Path(snapshot_path)  # a snapshot per rank
+        snapshot_path = str(path.with_name(f"{path.stem}.rank{job.info.rank}{path.suffix}"))
     apply_allocator_config(allocator_config)
     if snapshot_path and detail == "default":
         detail = "modules"
@@ -104,20 +167,56 @@ def command(
         lines_of=list(lines_of) or [script],
         snapshot=snapshot_path,
     )
+    if job is not None:
+        job.start(session)
     # SIGTERM/SIGHUP while the script runs end it; while the files are written, they wait
     with StopSignals() as stops:
         report, code = run_script(script, list(args), session, stops)
         sys.stdout.flush()
-        emit(report, json_path, html_path, trace_path, csv_path, quiet)
-        if report.extra.get("snapshot") and not quiet:
-            click.echo(f"vramscope: wrote {report.extra['snapshot']}", err=True)
+        status = report.exit.status
+        snapshot = report.extra.get("snapshot")
+        if job is not None:  # rank 0 gets the job's report; the other ranks None
+            try:
+                report = job.finish(report, stopping=lambda: stops.received is not None)
+            except Exception as exc:  # never lose the rank's own report to the gathering
+                click.echo(f"{said}the ranks' reports were not gathered: {exc}", err=True)
+                report = report if gatherer else None
+        if report is not None:
+            emit(report, json_path, html_path, trace_path, csv_path, quiet)
+        if snapshot and not quiet:
+            click.echo(f"{said}wrote {snapshot}", err=True)
     if stops.received is not None:
         code = stops.received.exit_code
-        if report.exit.status == "terminated":
-            click.echo(f"vramscope: {script} was {stops.received}; the report is partial", err=True)
+        if status == "terminated":
+            click.echo(f"{said}{script} was {stops.received}; the report is partial", err=True)
         else:
-            click.echo(f"vramscope: {stops.received} after {script} ended", err=True)
+            click.echo(f"{said}{stops.received} after {script} ended", err=True)
     elif code:
-        click.echo(f"vramscope: {script} exited with code {code}; the report is partial", err=True)
+        click.echo(f"{said}{script} exited with code {code}; the report is partial", err=True)
     if code:
         sys.exit(code)
+
+
+def _run_options(params: dict[str, Any]) -> list[str]:
+    """The options ``run`` was given, again, for each rank that ``--nproc`` starts."""
+    names = {
+        "interval": "--interval",
+        "allocator_config": "--allocator-config",
+        "detail": "--detail",
+        "depth": "--depth",
+        "snapshot_path": "--snapshot",
+        "gather_timeout": "--gather-timeout",
+        "gather_via": "--gather-via",
+        "json_path": "--json",
+        "html_path": "--html",
+        "trace_path": "--trace",
+        "csv_path": "--csv",
+    }
+    options = []
+    for key, name in names.items():
+        if params.get(key) is not None:
+            value = params[key]
+            options += [name, repr(value) if isinstance(value, float) else str(value)]
+    for name in params.get("lines_of") or ():
+        options += ["--lines-of", name]
+    return options + (["--quiet"] if params.get("quiet") else [])

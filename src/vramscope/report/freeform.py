@@ -23,3 +23,8 @@ def number(value: Any) -> int | float | None:
 def text(value: Any) -> str:
     """Text for a cell: "" for None, ``str()`` of anything else."""
     return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def mapping(value: Any) -> dict[str, Any]:
+    """A section that should be an object (``distributed``), or an empty dict."""
+    return value if isinstance(value, dict) else {}

@@ -8,6 +8,7 @@ newer minor version are kept in ``extra`` so nothing is lost on re-save.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -206,6 +207,47 @@ class ExitInfo:
 
 
 @dataclass
+class RankExit:
+    """How one rank of a distributed job ended; a rank that sent no report has no code."""
+
+    status: str = "ok"  # ok | error | interrupted | oom | terminated | timed_out | lost
+    code: int | None = 0
+    error: str | None = None
+    signal: str | None = None
+
+    def summary(self) -> str:
+        """In a few words: ``ok``, ``error 3``, ``terminated 143 (SIGTERM)``, ``timed out``."""
+        if self.status == "ok" and not self.code:
+            return "ok"
+        if self.code is None:
+            return self.status.replace("_", " ")
+        return f"{self.status} {self.code}" + (f" ({self.signal})" if self.signal else "")
+
+
+@dataclass
+class RankEntry:
+    """One rank of a distributed job (torchrun): where it ran, its peak, what the peak is
+    made of and how it ended. A rank that sent no report has ``reported`` False and null
+    numbers; its ``exit`` says why (timed out, or its process was gone)."""
+
+    rank: int
+    host: str | None = None
+    peak: Peak = field(default_factory=Peak)
+    categories_at_peak: Categories = field(default_factory=Categories)
+    exit: RankExit = field(default_factory=RankExit)
+    reported: bool = True
+    local_rank: int | None = None
+    pid: int | None = None
+    device: dict[str, Any] = field(default_factory=dict)  # type, name, index, total_bytes
+    steps: int = 0
+    duration_s: float | None = None
+    # distributed memory named (DDP gradient buckets, FSDP all-gather/reduce-scatter sizes)
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    report_file: str | None = None  # this rank's own full report, on its host
+    ended_at: str | None = None  # when its script ended (ISO 8601, UTC, its host's clock)
+
+
+@dataclass
 class Report:
     schema: str = SCHEMA
     kind: str = "measured"  # measured | estimated
@@ -227,6 +269,7 @@ class Report:
     timeline: Timeline = field(default_factory=Timeline)
     oom: OomInfo | None = None
     exit: ExitInfo = field(default_factory=ExitInfo)
+    ranks: list[RankEntry] = field(default_factory=list)  # a distributed job: one per rank
     unavailable: dict[str, str] = field(default_factory=dict)  # field → why it is null
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by later features
 
@@ -319,10 +362,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
     unknown keys go to ``extra``; a null or missing field takes its default."""
     if not isinstance(data, dict):
         raise _wrong(where, "an object", data)
-    hints = typing.get_type_hints(cls)
+    hints, fields = _shape(cls)
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
-    fields = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in data.items():
         if key not in fields:
             extra[key] = value
@@ -339,6 +381,13 @@ def _build(cls: type, data: Any, where: str) -> Any:
     if "extra" in fields:
         kwargs.setdefault("extra", {}).update(extra)
     return cls(**kwargs)
+
+
+@functools.cache
+def _shape(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """A dataclass's resolved type hints and fields, worked out once per class (resolving
+    hints is slow, and a long run's report holds thousands of steps and phases)."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
 
 
 def _has_default(f: dataclasses.Field) -> bool:
@@ -374,6 +423,10 @@ def _convert(hint: Any, value: Any, where: str = "") -> Any:
         return {k: _convert(item, v, f"{where}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, where)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _wrong(where, "true or false", value)
+        return value
     if hint is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)

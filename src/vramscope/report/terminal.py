@@ -12,10 +12,18 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from vramscope.report import jobtext
+from vramscope.report.freeform import mapping as _mapping
 from vramscope.report.freeform import number as _n
 from vramscope.report.freeform import records as _records
 from vramscope.report.freeform import text as _s
-from vramscope.report.model import CATEGORY_NAMES, Reconciliation, Report, StepStats
+from vramscope.report.model import (
+    CATEGORY_NAMES,
+    RankEntry,
+    Reconciliation,
+    Report,
+    StepStats,
+)
 from vramscope.report.widths import fitting
 from vramscope.units import format_bytes
 
@@ -42,6 +50,16 @@ def _header(report: Report) -> Text:
     text.append(f"vramscope · {report.kind} · ", style="bold")
     text.append(" · ".join(str(x) for x in bits), style="bold cyan")
     text.append(f"\ndevice {device} · torch {d.get('torch_version', '?')}")
+    job = _job(report)
+    if report.ranks:
+        text.append(f"\n{len(report.ranks)} ranks; below: rank {_s(job.get('rank'))}'s report")
+        if job.get("host"):
+            text.append(f" (on {_s(job['host'])})")
+        heaviest = job.get("heaviest_rank")
+        if heaviest is not None and heaviest == job.get("rank"):
+            text.append(", the heaviest")
+        elif heaviest is not None:
+            text.append(f"; peak and categories: rank {_s(heaviest)}'s, the heaviest")
     if report.exit.status != "ok":
         text.append(f"\nrun ended: {report.exit.status}", style="bold red")
         if report.exit.error:
@@ -49,9 +67,18 @@ def _header(report: Report) -> Text:
     return text
 
 
+def _job(report: Report) -> dict[str, Any]:
+    """The report's ``distributed`` section (a run under torchrun), or an empty dict."""
+    return _mapping(report.extra.get("distributed"))
+
+
 def _peak_table(report: Report) -> RenderableType:
     p = report.peak
     title = "Peak (max over every step, the first included)"
+    job = _job(report)
+    rank = job.get("heaviest_rank", job.get("rank"))
+    if report.ranks and rank is not None:  # the heaviest rank's peak tops a job's report
+        title = f"Peak of rank {_s(rank)} (max over every step, the first included)"
     where = f"step {p.step}, {p.phase}" if p.step is not None else ""
     cells = [
         ("allocated", b(p.allocated_bytes)),
@@ -198,11 +225,124 @@ def _category_table(report: Report) -> RenderableType:
     t.add_column("bytes", justify="right")
     t.add_column("share", justify="right")
     t.add_column("", min_width=20)
+    inside = _distributed_memory_by_category(report)
     for name in CATEGORY_NAMES:
         value = getattr(cats, name)
         share = value / total if value and total else 0
         t.add_row(name.replace("_", " "), b(value), _pct(value, total), "█" * round(share * 30))
+        for label, amount in inside.get(name, []):
+            t.add_row(f"  of which {label}", b(amount), _pct(amount, total), "", style="dim")
     return fitting(t)
+
+
+def _distributed_memory_by_category(report: Report) -> dict[str, list[tuple[str, int]]]:
+    """Exact distributed memory (DDP's buckets) that sits inside a category at the peak."""
+    inside: dict[str, list[tuple[str, int]]] = {}
+    for item in _records(_job(report).get("memory")):
+        amount = _n(item.get("bytes"))
+        if item.get("exact") is True and item.get("name") == "ddp_gradient_buckets" and amount:
+            category = _s(item.get("category"))
+            if category == "other" and report.categories_at_peak.other is not None:
+                inside.setdefault(category, []).append((_s(item.get("label")), int(amount)))
+    return inside
+
+
+# ---- distributed jobs: a row per rank ----------------------------------------------------------
+
+
+def _ranks_table(report: Report) -> RenderableType:
+    """One row per rank, the heaviest marked; memory side by side, how each rank ended."""
+    job = _job(report)
+    heaviest = _n(job.get("heaviest_rank"))
+    rows = report.ranks
+    cuda = any(r.peak.allocated_bytes is not None for r in rows)
+    measures = (
+        [
+            ("peak alloc", "allocated_bytes"),
+            ("peak reserved", "reserved_bytes"),
+            ("device used", "device_used_bytes"),
+            ("host RSS", "host_rss_bytes"),
+        ]
+        if cuda
+        else [("peak host RSS", "host_rss_bytes")]
+    )
+    reported = sum(1 for r in rows if r.reported)
+    title = f"Ranks: {reported} of {len(rows)} reported"
+
+    def mark(row: RankEntry) -> str:
+        return "◀ heaviest" if row.rank == heaviest else ""
+
+    def style(row: RankEntry) -> str:
+        if not row.reported or row.exit.status in ("error", "oom"):
+            return "red"
+        return "bold" if row.rank == heaviest else ""
+
+    wide = Table(box=box.SIMPLE_HEAD, title=title)
+    for col in ["rank", "host", *(name for name, _ in measures), "steps", "exit", ""]:
+        wide.add_column(col, justify="left" if col in ("host", "exit", "") else "right")
+    for row in rows:
+        cells = [b(getattr(row.peak, key)) if row.reported else "—" for _, key in measures]
+        wide.add_row(
+            str(row.rank),
+            _s(row.host),
+            *cells,
+            str(row.steps) if row.reported else "",
+            row.exit.summary(),
+            mark(row),
+            style=style(row),
+        )
+    kept = [measures[0], measures[-1]] if cuda else measures  # peak alloc and host RSS
+    narrow = Table(box=box.SIMPLE_HEAD, title=title, caption="◀ the heaviest rank")
+    narrow.add_column("rank", justify="right")
+    narrow.add_column("host")
+    for name, _ in kept:
+        narrow.add_column(name, justify="right")
+    narrow.add_column("exit")
+    for row in rows:
+        narrow.add_row(
+            f"{row.rank}{' ◀' if row.rank == heaviest else ''}",
+            _s(row.host),
+            *(b(getattr(row.peak, key)) if row.reported else "—" for _, key in kept),
+            row.exit.summary(),
+            style=style(row),
+        )
+    return fitting(wide, narrow)
+
+
+def _rank_category_table(report: Report) -> RenderableType | None:
+    """What each rank's peak is made of, side by side (categories measured on some rank)."""
+    rows = [r for r in report.ranks if r.reported]
+    names = [n for n in CATEGORY_NAMES if any(getattr(r.categories_at_peak, n) for r in rows)]
+    if len(rows) < 2 or not names:
+        return None
+    short = {"optimizer_state": "optimizer", "temporaries": "temps", "activations": "activ."}
+    t = Table(box=box.SIMPLE_HEAD, title="What each rank's peak is made of")
+    t.add_column("rank", justify="right")
+    for name in names:
+        t.add_column(short.get(name, name), justify="right")
+    for row in rows:
+        t.add_row(str(row.rank), *(b(getattr(row.categories_at_peak, n)) for n in names))
+    return fitting(t)
+
+
+def _job_lines(report: Report) -> list[Text]:
+    """The imbalance, how the ranks' reports came, and the distributed memory, in words."""
+    job = _job(report)
+    lines = []
+    spread, gathered = jobtext.imbalance(job), jobtext.gathering(job)
+    if spread:
+        lines.append(Text(spread))
+    if gathered:
+        lines.append(Text(gathered, style="dim"))
+    items = jobtext.memory(job)
+    if items:
+        lines.append(Text(f"Distributed memory of rank {_s(job.get('rank'))}:", style="bold"))
+    for item in items:
+        line = Text(f"• {item['label']}: {item['size']}")
+        if item["note"]:
+            line.append(f" — {item['note']}", style="dim")
+        lines.append(line)
+    return lines
 
 
 def _reconciliation_table(rec: Reconciliation) -> RenderableType:
@@ -488,6 +628,12 @@ def _attribution_parts(report: Report) -> list:
 
 def render(report: Report) -> Group:
     parts: list = [Panel(_header(report), box=box.ROUNDED)]
+    if report.ranks:  # a distributed job: the ranks side by side first
+        parts.append(_ranks_table(report))
+        by_rank = _rank_category_table(report)
+        if by_rank is not None:
+            parts.append(by_rank)
+    parts.extend(_job_lines(report))
     parts.append(_peak_table(report))
     s = report.startup
     if s.after_build_allocated_bytes is not None or s.context_and_libraries_bytes is not None:

@@ -8,6 +8,7 @@ import runpy
 import signal
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from types import FrameType
@@ -142,9 +143,11 @@ def run_script(
     try:
         stops.arm()
         try:
-            runpy.run_path(str(path), run_name="__main__")
+            namespace = runpy.run_path(str(path), run_name="__main__")
         finally:
             stops.armed = False
+            _let_collectives_settle()  # the script's objects are still alive here
+        del namespace
     except Terminated:
         pass  # recorded below: the signal decides the exit, whatever unwound the script
     except SystemExit as exc:
@@ -170,6 +173,24 @@ def run_script(
         if saved_path0 is not None and (not sys.path or sys.path[0] != saved_path0):
             sys.path.insert(0, saved_path0)
     return _with_signal(session.report(), stops), code
+
+
+SETTLE_S = 0.05
+
+
+def _let_collectives_settle() -> None:
+    """Under a distributed launch, give torch.distributed's worker threads a moment without
+    the GIL before the script's objects are freed.
+
+    A gloo worker thread frees each finished collective, which needs the GIL (the work keeps
+    Python state captured when it was launched). When the script's DDP model goes away, its
+    reducer destroys the process group it still holds, joining those threads while holding
+    the GIL: a thread still waiting to free its last work never gets it, and the rank hangs
+    (seen now and then on a loaded machine when a script ends right after its collectives).
+    Sleeping here lets them finish first; nothing new is launched once the script ended.
+    """
+    if "RANK" in os.environ and "torch.distributed" in sys.modules:
+        time.sleep(SETTLE_S)
 
 
 def _with_signal(report: Report, stops: StopSignals) -> Report:

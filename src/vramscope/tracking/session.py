@@ -124,6 +124,12 @@ class Session:
         self._full_gradients_seen = 0
         self._optimizer_state: dict[int, int] = {}  # id(optimizer) -> its state's bytes
         self._census_due = False  # an optimizer whose state is not yet counted
+        # called with (models, device type) each time the objects' bytes are counted, to
+        # read more from the models while they live (DDP's gradient buckets, FSDP groups)
+        self.object_probes: list[Callable[[list[torch.nn.Module], str], None]] = []
+        # the GPU of this process when it never leaves device 0 for another (a rank's
+        # LOCAL_RANK: scripts often place tensors on cuda:LOCAL_RANK without set_device)
+        self.preferred_cuda_index: int | None = None
         self._unseen_forwards = 0
         # peaks of the phase that is open, from before a window() reset its counters
         self._carry_allocated = 0
@@ -317,6 +323,9 @@ class Session:
             index = self._requested_device.index
         else:
             index = torch.cuda.current_device()
+            preferred = self.preferred_cuda_index
+            if index == 0 and preferred and preferred < torch.cuda.device_count():
+                index = preferred
         self._device_index = index
         with contextlib.suppress(Exception):
             self._device_uuid = "GPU-" + str(torch.cuda.get_device_properties(index).uuid)
@@ -407,6 +416,9 @@ class Session:
             if state:
                 self._optimizer_state[id(opt)] = max(self._optimizer_state.get(id(opt), 0), state)
         seen.optimizer_state = max(seen.optimizer_state, sum(self._optimizer_state.values()))
+        for probe in self.object_probes:
+            with contextlib.suppress(Exception):
+                probe(models, self._device_type)
 
     # ---- phase and step bookkeeping -------------------------------------------------------
     def _transition(self, name: str, new_step: bool = False) -> None:

@@ -33,6 +33,14 @@ def context(report: Report) -> dict[str, Any]:
         chips.append(f"{len(report.steps):,} steps")
     if w.get("training") is False:
         chips.append("inference")
+    job = report.extra.get("distributed")
+    if report.ranks and isinstance(job, dict):
+        chips.append(f"{len(report.ranks)} ranks")
+        if job.get("rank") is not None:
+            chips.append(
+                f"peaks of rank {job['rank']}"
+                + (" (heaviest)" if job.get("heaviest_rank") == job["rank"] else "")
+            )
     device = str(d.get("name") or d.get("type") or "unknown device")
     if d.get("total_bytes"):
         device += f" · {b(d['total_bytes'])}"

@@ -1,0 +1,68 @@
+"""What a distributed job's report says in words (the imbalance, how the ranks' reports were
+gathered, the distributed memory), shared by the terminal and the HTML page; it reads the
+free-form ``distributed`` section, so anything of the wrong type there reads as missing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramscope.report.freeform import number, records, text
+from vramscope.units import format_bytes as b
+
+
+def imbalance(job: dict[str, Any]) -> str | None:
+    """``Imbalance (peak allocated): heaviest rank 1 1.2 GiB, lightest rank 0 ...``."""
+    spread = job.get("imbalance")
+    if not isinstance(spread, dict) or number(spread.get("max_bytes")) is None:
+        return None
+    what = "peak allocated" if spread.get("by") == "peak_allocated_bytes" else "peak host RSS"
+    ratio = number(spread.get("max_over_min"))
+    return (
+        f"Imbalance ({what}): heaviest rank {text(spread.get('heaviest_rank'))} "
+        f"{b(number(spread.get('max_bytes')))}, lightest rank "
+        f"{text(spread.get('lightest_rank'))} {b(number(spread.get('min_bytes')))}: "
+        + (f"{ratio:.2f}× " if ratio is not None else "")
+        + f"(spread {b(number(spread.get('spread_bytes')))})"
+    )
+
+
+def gathering(job: dict[str, Any]) -> str | None:
+    """How rank 0 gathered the reports: the channels, the time, who sent none, the folder."""
+    got = job.get("gather")
+    if not isinstance(got, dict):
+        return None
+    via = ", ".join(text(v) for v in _list(got.get("via"))) or "nothing but its own"
+    words = f"Gathered by rank 0 via {via} in {number(got.get('seconds')) or 0:.2f} s"
+    missing = _list(got.get("missing"))
+    if missing:
+        words += f"; no report from rank {', '.join(text(m) for m in missing)} within "
+        words += f"{number(got.get('timeout_s')) or 0:g} s"
+    if got.get("dir"):
+        words += f"; each rank's own report in {text(got['dir'])}"
+    return words
+
+
+def memory(job: dict[str, Any]) -> list[dict[str, str]]:
+    """Each piece of distributed memory: its label, its size in words, its note."""
+    items = []
+    for item in records(job.get("memory")):
+        size = b(number(item.get("bytes")))
+        total = number(item.get("total_bytes"))
+        if item.get("name") == "ddp_gradient_buckets":
+            size += f" in {text(item.get('buckets'))} bucket(s)"
+        elif total is not None:
+            size += f" (largest of {text(item.get('groups'))} groups; {b(total)} in all)"
+        if item.get("category"):
+            size += f", inside '{text(item['category'])}'"
+        items.append(
+            {
+                "label": text(item.get("label") or item.get("name")),
+                "size": size,
+                "note": text(item.get("note")),
+            }
+        )
+    return items
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
