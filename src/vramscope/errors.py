@@ -12,3 +12,9 @@ class VramscopeError(Exception):
 
 class WorkloadError(VramscopeError):
     """A workload spec that cannot be resolved or whose build function raised."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

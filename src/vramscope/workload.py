@@ -231,13 +231,22 @@ def _where(exc: BaseException, path: Path | None = None) -> str:
 
 
 def build_workload(
-    builder: Builder, batch_size: int, device: torch.device, spec: str = "?"
+    builder: Builder,
+    batch_size: int,
+    device: torch.device,
+    spec: str = "?",
+    precision: str | None = None,
 ) -> Workload:
-    """Call a build function and check that it returned a Workload."""
+    """Call a build function and check that it returned a Workload. A build function that
+    takes ``precision=`` is told the precision asked for (``--precision``), so that it can
+    build the model in a ``-true`` precision's dtype directly."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise VramscopeError(f"batch size must be a whole number of 1 or more, not {batch_size!r}")
     try:
-        workload = builder(batch_size, device)
+        if precision is not None and zoo.accepts_precision(builder):
+            workload = builder(batch_size, device, precision=precision)  # type: ignore[call-arg]
+        else:
+            workload = builder(batch_size, device)
     except VramscopeError:
         raise
     except torch.cuda.OutOfMemoryError:

@@ -3,13 +3,19 @@
 Models are built from their constructors or config classes, never by downloading weights.
 Each spec trains with AdamW by default; ``NAME@sgd`` / ``@sgdm`` / ``@adam`` / ``@infer``
 pick another optimizer or inference, ``NAME/seq=512`` sets a sequence length, and
-``NAME/ckpt`` turns on activation checkpointing where the model supports it.
+``NAME/ckpt`` turns on activation checkpointing where the model supports it. ``hf:`` also
+takes a Hub id, a folder or a config.json (:mod:`vramscope.hf_models`), ``@generate`` for
+``model.generate()`` (``/prompt=N/new=N/cache=static``) and ``/lora=R`` for LoRA
+fine-tuning (:mod:`vramscope.lora`).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -94,17 +100,16 @@ def _import(module: str, spec: str) -> Any:
         ) from None
 
 
-# the options each library's specs take: /seq=N, /size=N (a whole number), /ckpt, /attn=NAME
+# the options torchvision and timm specs take: /size=N (a whole number), /ckpt (hf: HF_OPTIONS)
 _OPTIONS = {
     "torchvision": ("size",),
     "timm": ("size", "ckpt"),
-    "hf": ("seq", "ckpt", "attn"),
 }
-_WHOLE_NUMBER_OPTIONS = ("seq", "size")
+_WHOLE_NUMBER_OPTIONS = ("size",)
 
 
 def _parse(name: str, library: str) -> tuple[str, str, dict[str, str]]:
-    """``resnet50@sgd/seq=512/ckpt`` → ("resnet50", "sgd", {"seq": "512", "ckpt": ""}).
+    """``resnet50@sgd/size=160/ckpt`` → ("resnet50", "sgd", {"size": "160", "ckpt": ""}).
 
     Every option is checked here, before anything is imported or built."""
     base, *options = name.split("/")
@@ -207,38 +212,228 @@ def timm_builder(name: str) -> Builder:
     return build
 
 
-def hf_builder(name: str) -> Builder:
-    model_name, optim, opts = _parse(name, "hf")
-    spec = f"hf:{name}"
-    if model_name not in HF_MODELS:
-        raise WorkloadError(f"unknown hf model {model_name!r}; known: {', '.join(HF_MODELS)}")
-    config_class, config_kwargs, task = HF_MODELS[model_name]
+# ---- hf: -----------------------------------------------------------------------------------
 
-    def build(batch_size: int, device: torch.device) -> Workload:
-        transformers = _import("transformers", spec)
-        config = getattr(transformers, config_class)(**config_kwargs)
-        seq = int(opts.get("seq", min(1024, getattr(config, "max_position_embeddings", 512))))
-        attn = opts.get("attn", "sdpa")
-        if task == "causal-lm":
-            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+# the options of hf: specs; /NAME alone for flags, /NAME=VALUE otherwise
+HF_OPTIONS = ("seq", "ckpt", "attn", "lora", "targets", "prompt", "new", "cache")
+HF_MODES = (*OPTIMIZERS, "generate")
+_GENERATE_ONLY = ("prompt", "new", "cache")
+DEFAULT_NEW_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class HfSpec:
+    """An ``hf:`` spec read: the model, the mode (an optimizer, ``infer`` or ``generate``) and
+    the options, every one checked."""
+
+    model: str
+    mode: str
+    options: dict[str, str]
+
+    @property
+    def generate(self) -> bool:
+        return self.mode == "generate"
+
+    @property
+    def training(self) -> bool:
+        return OPTIMIZERS.get(self.mode) is not None
+
+    @property
+    def length_option(self) -> str:
+        """The option that sets the sequence length: the prompt's for ``@generate``."""
+        return "prompt" if self.generate else "seq"
+
+    @property
+    def new_tokens(self) -> int:
+        return int(self.options.get("new", DEFAULT_NEW_TOKENS)) if self.generate else 0
+
+    def with_length(self, length: int) -> str:
+        """The ``hf:`` spec with its sequence length (the prompt's, for ``@generate``) set."""
+        options = {**self.options, self.length_option: str(length)}
+        mode = "" if self.mode == "adamw" else f"@{self.mode}"
+        parts = [k if k == "ckpt" else f"{k}={v}" for k, v in options.items()]
+        return "/".join([f"hf:{self.model}{mode}", *parts])
+
+    def config(self) -> tuple[Any, str, str]:
+        """The model's transformers config, its task and its auto class."""
+        from vramscope import hf_models
+
+        builtin = HF_MODELS.get(self.model)
+        if builtin is None:
+            config = hf_models.load_config(hf_models.config_source(self.model, HF_MODELS))
+            return (config, *hf_models.task_of(config))
+        class_name, config_kwargs, task = builtin
+        config = getattr(_import("transformers", f"hf:{self.model}"), class_name)(**config_kwargs)
+        auto = "AutoModelForCausalLM" if task == "causal-lm" else "AutoModelForMaskedLM"
+        return config, task, auto
+
+    def max_positions(self) -> int | None:
+        """The longest sequence the model's positions are made for (None: not said)."""
+        from vramscope import hf_models
+
+        return hf_models.max_positions(self.config()[0])
+
+
+def _model_and_mode(text: str) -> tuple[str, str]:
+    head, at, mode = text.rpartition("@")
+    if not at or "/" in mode:
+        return text, ""
+    return head, mode
+
+
+def parse_hf(name: str) -> HfSpec:
+    """``llama-1b@generate/prompt=2048/new=512`` → its model, mode and options. The model may
+    itself contain slashes (a Hub id ``org/name``, a path): options are the trailing
+    segments whose name is an option, and a path that exists is never split."""
+    segments = name.split("/")
+    model_part, options = name, []
+    first, _ = _model_and_mode(segments[0])
+    if first in HF_MODELS:
+        model_part, options = segments[0], segments[1:]
+    else:
+        for cut in range(len(segments), 0, -1):  # the longest prefix that is a path on disk
+            candidate, _ = _model_and_mode("/".join(segments[:cut]))
+            if candidate and Path(candidate).expanduser().exists():
+                model_part, options = "/".join(segments[:cut]), segments[cut:]
+                break
         else:
-            model = transformers.AutoModelForMaskedLM.from_config(config, attn_implementation=attn)
+            cut = len(segments)
+            while cut > 1 and segments[cut - 1].partition("=")[0] in HF_OPTIONS:
+                cut -= 1
+            model_part, options = "/".join(segments[:cut]), segments[cut:]
+            if "=" in segments[cut - 1] and cut > 1:
+                options = [segments[cut - 1], *options]
+                model_part = "/".join(segments[: cut - 1])
+    model, mode = _model_and_mode(model_part)
+    mode = mode or "adamw"
+    if mode not in HF_MODES:
+        raise WorkloadError(
+            f"unknown optimizer {mode!r}; use one of {', '.join(OPTIMIZERS)} (or generate)"
+        )
+    opts: dict[str, str] = {}
+    for option in options:
+        key, eq, value = option.partition("=")
+        if key not in HF_OPTIONS:
+            raise WorkloadError(
+                f"unknown option {('/' + option)!r} in {f'hf:{name}'!r}; hf takes /seq=N, "
+                "/ckpt, /attn=NAME, /lora[=R], /targets=NAMES and, with @generate, /prompt=N, "
+                "/new=N, /cache=dynamic|static"
+            )
+        if key in ("seq", "prompt", "new") and not (
+            value.isascii() and value.isdigit() and len(value) <= 8 and int(value) > 0
+        ):
+            raise WorkloadError(
+                f"/{key} takes a whole number of 1 or more, like /{key}=512, not {value!r}"
+            )
+        if key == "ckpt" and eq:
+            raise WorkloadError(f"/ckpt takes no value (got {('/' + option)!r})")
+        if key == "attn" and not value:
+            raise WorkloadError("/attn takes a name, like /attn=eager or /attn=sdpa")
+        if key == "lora":
+            from vramscope.lora import parse_rank
+
+            value = str(parse_rank(value))
+        if key == "targets":
+            from vramscope.lora import parse_targets
+
+            parse_targets(value)
+        if key == "cache" and value not in ("dynamic", "static"):
+            raise WorkloadError(f"/cache takes dynamic or static, not {value!r}")
+        opts[key] = value
+    if mode == "generate" and "seq" in opts:
+        raise WorkloadError("@generate takes /prompt=N (the prompt's length) and /new=N, not /seq")
+    if mode != "generate" and any(k in opts for k in _GENERATE_ONLY):
+        extra = next(k for k in _GENERATE_ONLY if k in opts)
+        raise WorkloadError(f"/{extra} is for generation: write NAME@generate/{extra}=...")
+    if "targets" in opts and "lora" not in opts:
+        raise WorkloadError("/targets names the layers LoRA adapts: add /lora (or /lora=R)")
+    if "ckpt" in opts and mode in ("infer", "generate"):
+        raise WorkloadError(f"/ckpt recomputes activations in backward; @{mode} has none")
+    if not model:
+        raise WorkloadError(f"hf:{name} names no model")
+    return HfSpec(model, mode, opts)
+
+
+def hf_builder(name: str) -> Builder:
+    from vramscope import hf_models
+
+    parsed = parse_hf(name)
+    spec = f"hf:{name}"
+    source = hf_models.config_source(parsed.model, HF_MODELS)
+    builtin = HF_MODELS.get(parsed.model)
+    opts = parsed.options
+
+    def build(batch_size: int, device: torch.device, precision: str | None = None) -> Workload:
+        _import("transformers", spec)
+        config, task, auto = parsed.config()
+        # the built-in shapes keep the attention they were measured with
+        attn = opts.get("attn", "sdpa" if builtin is not None else None)
+        if parsed.generate:
+            new = parsed.new_tokens
+            longest = hf_models.max_positions(config)
+            default = min(1024, longest - new) if longest and longest > new else 1024
+            shapes = hf_models.Shapes(
+                batch_size, int(opts.get("prompt", default)), new, opts.get("cache")
+            )
+        else:
+            seq = int(opts.get("seq", hf_models.default_sequence(config, task)))
+            shapes = hf_models.Shapes(batch_size, seq)
+        mode = "generate" if parsed.generate else "train" if parsed.training else "infer"
+        batch, loss = hf_models.batch_and_loss(config, task, mode, shapes, device)
+        model = hf_models.build_model(config, task, auto, _true_dtype(precision), attn)
         if "ckpt" in opts:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        if parsed.generate:
+            hf_models.without_end_of_sequence(model)
+        if "lora" in opts:
+            from vramscope import lora
+
+            targets = lora.parse_targets(opts["targets"]) if "targets" in opts else None
+            settings = lora.LoraSettings(int(opts["lora"]), targets)
+            model = lora.with_adapters(model, settings, task)
         model = model.to(device)
-        vocab = config.vocab_size
-
-        def batch() -> dict[str, torch.Tensor]:
-            ids = torch.randint(0, vocab, (batch_size, seq), device=device)
-            return {"input_ids": ids, "labels": ids}
-
-        def loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
-            if optim == "infer":
-                return model(input_ids=input_ids).logits
-            return model(input_ids=input_ids, labels=labels).loss
-
-        return _workload(model, optim, batch, loss, spec)
+        optimizer = None
+        make = OPTIMIZERS.get(parsed.mode)
+        if make is not None:
+            optimizer = make([p for p in model.parameters() if p.requires_grad])
+        workload = Workload(model=model, optimizer=optimizer, batch=batch, loss=loss, name=spec)
+        if precision in ("bf16-true", "16-true"):
+            workload.precision = precision
+        workload.meta["hf"] = {
+            "task": task,
+            "config": source.describe(),
+            **_shape_meta(shapes, parsed),
+        }
+        return workload
 
     return build
+
+
+def _true_dtype(precision: str | None) -> torch.dtype:
+    """A ``-true`` precision builds the model in that dtype, as ``from_pretrained(dtype=...)``
+    loads it, rather than in float32 first and cast afterwards."""
+    return {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(
+        precision or "", torch.float32
+    )
+
+
+def _shape_meta(shapes: Any, parsed: HfSpec) -> dict[str, Any]:
+    if parsed.generate:
+        return {
+            "prompt": shapes.seq,
+            "new_tokens": shapes.new_tokens,
+            "cache": shapes.cache or "dynamic",
+        }
+    return {"seq": shapes.seq}
+
+
+def accepts_precision(builder: Callable[..., Any]) -> bool:
+    """Whether a build function takes ``precision=`` (then it builds the model in a ``-true``
+    precision's dtype directly)."""
+    try:
+        parameters = inspect.signature(builder).parameters
+    except (TypeError, ValueError):
+        return False
+    return "precision" in parameters

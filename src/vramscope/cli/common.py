@@ -133,8 +133,16 @@ def say(message: str, quiet: bool = False) -> None:
         click.echo(message, err=True)
 
 
+def _trust_remote_code(_ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        from vramscope.hf_models import trust_remote_code_for_process
+
+        trust_remote_code_for_process()
+
+
 def tuning_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--precision/--accumulate/--allocator-config: override what the workload says."""
+    """--precision/--accumulate/--allocator-config: override what the workload says;
+    --trust-remote-code: ``hf:`` models may run code from their repositories."""
     from vramscope.workload import PRECISIONS  # imports torch: only verbs that build workloads
 
     options = [
@@ -151,6 +159,13 @@ def tuning_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--allocator-config",
             help="PYTORCH_CUDA_ALLOC_CONF options, e.g. expandable_segments:True.",
+        ),
+        click.option(
+            "--trust-remote-code",
+            is_flag=True,
+            expose_value=False,
+            callback=_trust_remote_code,
+            help="Let an hf: model run the code its repository ships (its config's auto_map).",
         ),
     ]
     for option in reversed(options):

@@ -67,6 +67,7 @@ def estimate(
     memory: str | int | None = None,
     steps: int = 2,
     reserved_limit: int | None = None,
+    trust_remote_code: bool = False,
 ) -> Report:
     """Predict peak allocated, reserved and device-used memory of ``workload`` on ``gpu``.
 
@@ -79,7 +80,10 @@ def estimate(
     ``reserved_limit`` caps what the allocator may reserve, as
     ``torch.cuda.set_per_process_memory_fraction`` does: it frees its cache and retries
     before it runs out, and the verdict's ``oom_at`` says where it still did.
+    ``trust_remote_code``: an ``hf:`` model may run the code its repository ships.
     """
+    from vramscope.hf_models import trusting_remote_code
+
     started = time.perf_counter()
     profile = get_profile(gpu)
     total = parse_size(memory) if memory is not None else profile.total_bytes
@@ -100,9 +104,15 @@ def estimate(
     )
     config = AllocatorConfig.parse(config_text)
     spec = resolve(workload)
-    trace = trace_workload(
-        spec, batch_size, profile, precision=precision, accumulate=accumulate, steps=max(steps, 2)
-    )
+    with trusting_remote_code(trust_remote_code):
+        trace = trace_workload(
+            spec,
+            batch_size,
+            profile,
+            precision=precision,
+            accumulate=accumulate,
+            steps=max(steps, 2),
+        )
     context = context_bytes(profile, trace)
     capacity = max(0, total - context)
     if reserved_limit is not None:

@@ -52,6 +52,7 @@ from vramscope.estimate.fake_cache import (
     _returns_tensor_list,
     entry_arguments,
 )
+from vramscope.estimate.generation import GenerationTracer
 from vramscope.estimate.initializers import metadata_only_initializers
 from vramscope.estimate.model_state import (
     _built_state,
@@ -411,6 +412,7 @@ def _patched_swap(mode: TracingMode) -> Iterator[None]:
         for t in (t1, t2):
             mode.shadows.pop(t, None)
             mode.producers.pop(t, None)
+            _forget_constant(mode, t)
         return original(t1, t2)
 
     torch.utils.swap_tensors = swap
@@ -418,6 +420,28 @@ def _patched_swap(mode: TracingMode) -> Iterator[None]:
         yield
     finally:
         torch.utils.swap_tensors = original
+
+
+def _forget_constant(mode: TracingMode, tensor: torch.Tensor) -> None:
+    """A fake tensor made from a Python number (CLIP's ``logit_scale =
+    nn.Parameter(torch.tensor(2.6592))``) keeps its value as a constant, and the converter a
+    weak reference to it among its constants' aliases: drop that reference, or swapping the
+    parameter refuses."""
+    constant = getattr(tensor, "constant", None) if isinstance(tensor, FakeTensor) else None
+    mapping = getattr(mode.fake_tensor_converter, "constant_storage_mapping", None)
+    if constant is None or not mapping:
+        return
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    key = StorageWeakRef(constant._typed_storage())
+    refs = mapping.get(key)
+    if refs is None:
+        return
+    kept = [ref for ref in refs if ref() is not tensor]
+    if kept:
+        mapping[key] = kept
+    else:
+        del mapping[key]
 
 
 @contextlib.contextmanager
@@ -488,7 +512,7 @@ def trace_workload(
         from vramscope.workload import build_workload
 
         try:
-            workload = build_workload(spec.builder, batch_size, CUDA, spec.spec)
+            workload = build_workload(spec.builder, batch_size, CUDA, spec.spec, precision)
         except WorkloadError as exc:
             raise _explain_build_error(exc, spec.spec) from None
         workload = workload.with_overrides(precision=precision, accumulate=accumulate)
@@ -529,12 +553,17 @@ def trace_workload(
         from vramscope.tracking.hooks import GlobalHooks
 
         hooks = GlobalHooks(_PhaseListener(recorder, workload))
+        generating = GenerationTracer(recorder)
         hooks.install()
         try:
             # Backward runs on the calling thread: autograd's per-device threads may have
             # been sized, before this trace, for a process without CUDA. The kernels module
             # accounts cuBLAS handles per thread as the GPU would (backward on its own).
-            with _module_stack(recorder, names), torch.autograd.set_multithreading_enabled(False):
+            with (
+                _module_stack(recorder, names),
+                torch.autograd.set_multithreading_enabled(False),
+                generating.active(),
+            ):
                 step_seconds: list[float] = []
                 for index in range(steps):
                     t_step = time.perf_counter()
@@ -557,7 +586,7 @@ def trace_workload(
         precision_used = workload.precision
         accumulate_used = workload.accumulate
         del runner, workload
-    return Trace(
+    trace = Trace(
         events=recorder.events,
         blocks=recorder.blocks,
         marks=recorder.marks,
@@ -581,6 +610,8 @@ def trace_workload(
         build_seconds=round(build_seconds, 3),
         step_seconds=step_seconds,
     )
+    # generate() calls cut short: the decoding steps they skipped, written in
+    return generating.expanded(trace)
 
 
 def _explain_build_error(exc: WorkloadError, spec: str) -> VramscopeError:

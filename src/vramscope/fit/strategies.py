@@ -33,6 +33,7 @@ class Strategy:
     optimizer: str | None = None  # "sgd", "sgdm", "adamw"
     foreach: bool | None = None
     zero_grad_set_to_none: bool | None = None
+    lora_rank: int | None = None  # LoRA fine-tuning with adapters of this rank (PEFT)
     cost: int = 0  # how much the change asks of the user (speed, numerics, convergence)
 
     def micro_batch(self, batch_size: int) -> int:
@@ -55,15 +56,22 @@ class Strategy:
             or self.optimizer
             or self.foreach is not None
             or self.zero_grad_set_to_none is not None
+            or self.lora_rank
         ):
             return builder
+        from vramscope.zoo import accepts_precision
 
-        def build(batch_size: int, device: torch.device) -> Workload:
-            workload = builder(batch_size, device)
+        def build(batch_size: int, device: torch.device, precision: str | None = None) -> Workload:
+            if precision is not None and accepts_precision(builder):
+                workload = builder(batch_size, device, precision=precision)  # type: ignore[call-arg]
+            else:
+                workload = builder(batch_size, device)
             if not isinstance(workload, Workload):
                 return workload  # build_workload reports the wrong type
             if self.checkpointing:
                 apply_checkpointing(workload.model)
+            if self.lora_rank:
+                apply_lora(workload, self.lora_rank)
             if self.optimizer:
                 workload.optimizer = switch_optimizer(workload, self.optimizer)
             if self.foreach is not None:
@@ -92,6 +100,7 @@ def _combine(name: str, description: str, *parts: Strategy) -> Strategy:
             "optimizer",
             "foreach",
             "zero_grad_set_to_none",
+            "lora_rank",
         ):
             if getattr(part, key) is not None:
                 fields[key] = getattr(part, key)
@@ -151,6 +160,18 @@ _BASE = [
     ),
     Strategy("sgd", "plain SGD (no optimizer state)", optimizer="sgd", cost=6),
     Strategy("adamw", "AdamW (two state tensors per parameter)", optimizer="adamw", cost=5),
+    Strategy(
+        "lora-r8",
+        "LoRA rank 8 (PEFT): weights frozen, adapters trained with AdamW",
+        lora_rank=8,
+        cost=7,
+    ),
+    Strategy(
+        "lora-r64",
+        "LoRA rank 64 (PEFT): weights frozen, adapters trained with AdamW",
+        lora_rank=64,
+        cost=7,
+    ),
 ]
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in _BASE}
 for _name, _desc, _parts in (
@@ -163,6 +184,11 @@ for _name, _desc, _parts in (
         "bf16+checkpointing+expandable",
         "bf16-mixed, checkpointing, expandable segments",
         ("bf16-mixed", "checkpointing", "expandable-segments"),
+    ),
+    (
+        "lora-r8+checkpointing",
+        "LoRA rank 8 and activation checkpointing",
+        ("lora-r8", "checkpointing"),
     ),
     (
         "bf16+accumulate-x2",
@@ -186,6 +212,25 @@ DEFAULT_STRATEGIES = [
     "bf16+checkpointing",
     "bf16+checkpointing+expandable",
 ]
+
+
+# what compare runs for a transformers model besides DEFAULT_STRATEGIES: LoRA fine-tuning
+LORA_STRATEGIES = ["lora-r8", "lora-r64", "lora-r8+checkpointing"]
+
+
+def default_strategies(spec: str) -> list[str]:
+    """The strategies ``compare`` runs when none are named: LoRA too for ``hf:`` training
+    specs (not for inference, nor when the spec already trains adapters)."""
+    if spec.startswith("hf:"):
+        from vramscope.zoo import parse_hf
+
+        try:
+            parsed = parse_hf(spec[3:])
+        except VramscopeError:
+            return list(DEFAULT_STRATEGIES)
+        if parsed.training and "lora" not in parsed.options:
+            return [*DEFAULT_STRATEGIES, *LORA_STRATEGIES]
+    return list(DEFAULT_STRATEGIES)
 
 
 def get_strategy(name: str) -> Strategy:
@@ -264,3 +309,22 @@ def switch_optimizer(workload: Workload, kind: str) -> torch.optim.Optimizer:
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=lr)
     raise VramscopeError(f"unknown optimizer {kind!r}")
+
+
+def apply_lora(workload: Workload, rank: int) -> None:
+    """LoRA fine-tuning of a transformers model: adapters of ``rank`` on PEFT's default layers
+    for its type, the weights frozen, AdamW over the adapters (at the workload's learning
+    rate)."""
+    from vramscope import lora
+    from vramscope.hf_models import task_of_model
+
+    if workload.optimizer is None:
+        raise NotApplicable("LoRA fine-tuning trains; this workload is inference")
+    if hasattr(workload.model, "peft_config"):
+        raise NotApplicable("the model already has LoRA adapters")
+    task = task_of_model(workload.model)
+    if task is None:
+        raise NotApplicable("LoRA here adapts transformers models (hf: specs)")
+    lr = workload.optimizer.param_groups[0].get("lr", 1e-4)
+    workload.model = lora.with_adapters(workload.model, lora.LoraSettings(rank), task)
+    workload.optimizer = lora.adapter_optimizer(workload.model, lr=lr)

@@ -224,6 +224,7 @@ def measure(
     lines_of: list[Any] | None = None,
     snapshot: str | None = None,
     stops: StopSignals | None = None,
+    trust_remote_code: bool = False,
 ) -> Report:
     """Build a workload and measure ``steps`` real steps, the first included.
 
@@ -232,8 +233,11 @@ def measure(
     ``detail``, ``depth``, ``lines_of`` and ``snapshot`` are the Session's attribution
     options; lines default to the file that defines the workload. ``stops``: installed
     stop-signal handlers (the CLI's), so that SIGTERM/SIGHUP end the steps with a report;
-    without them a signal does what the program says.
+    without them a signal does what the program says. ``trust_remote_code``: an ``hf:``
+    model may run the code its repository ships.
     """
+    from vramscope.hf_models import trusting_remote_code
+
     if not isinstance(steps, int) or steps < 1:
         raise VramscopeError(f"steps must be 1 or more, not {steps!r}")
     spec: WorkloadSpec = resolve(workload)
@@ -260,7 +264,8 @@ def measure(
     try:
         if stops is not None:
             stops.arm()
-        w = build_workload(spec.builder, batch_size, target, spec.spec)
+        with trusting_remote_code(trust_remote_code):
+            w = build_workload(spec.builder, batch_size, target, spec.spec, precision)
         w = w.with_overrides(precision=precision, accumulate=accumulate)
         session.workload_info.update(
             precision=w.precision,

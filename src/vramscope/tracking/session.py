@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from vramscope.errors import first_line
 from vramscope.report.model import PhaseStats, Report
 from vramscope.sources import allocator, nvml
 from vramscope.sources.allocator import LEDGER, AllocatorReading
@@ -294,7 +295,7 @@ class Session:
         if isinstance(exc, KeyboardInterrupt):
             self._exit = {"status": "interrupted", "code": 130, "error": "interrupted (Ctrl-C)"}
         elif isinstance(exc, torch.cuda.OutOfMemoryError):
-            self._exit = {"status": "oom", "code": 1, "error": _first_line(exc)}
+            self._exit = {"status": "oom", "code": 1, "error": first_line(exc)}
             self._oom = self._oom_details(exc)
         elif isinstance(exc, SystemExit):
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -304,7 +305,7 @@ class Session:
             self._exit = {
                 "status": "error",
                 "code": 1,
-                "error": f"{type(exc).__name__}: {_first_line(exc)}",
+                "error": f"{type(exc).__name__}: {first_line(exc)}",
             }
 
     def set_exit(self, status: str, code: int, error: str | None = None) -> None:
@@ -754,11 +755,6 @@ def _module_in_traceback(exc: BaseException, models: list[torch.nn.Module]) -> s
             if sub is module:
                 return f"{type(model).__name__}.{name}" if name else type(model).__name__
     return type(module).__name__
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _open_status(session: Session) -> Any:

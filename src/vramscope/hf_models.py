@@ -1,0 +1,547 @@
+"""Transformers models for ``hf:`` specs: where the config comes from (a built-in shape, a Hub
+id, a folder or a ``config.json``), the model its ``architectures`` name, and a batch and a
+loss for that model's task.
+
+Models are built from their config, never by downloading weights: for a Hub id only
+``config.json`` is downloaded (with ``huggingface_hub``, into its usual cache), and code from
+the model's repository runs only when remote code is trusted (``--trust-remote-code``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+import os
+import re
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+
+from vramscope.errors import WorkloadError, first_line
+
+# Hub ids: ``org/name`` or a legacy single ``name`` (``gpt2``, ``bert-base-uncased``)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?$")
+_TRUST_ENV = "VRAMSCOPE_TRUST_REMOTE_CODE"
+
+# tasks, in the order a config without ``architectures`` is matched against transformers' auto
+# mappings: (task, mapping of model type -> class name, auto class)
+_TASKS = (
+    ("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM"),
+    ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
+    (
+        "sequence-classification",
+        "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForSequenceClassification",
+    ),
+    (
+        "image-classification",
+        "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForImageClassification",
+    ),
+    (
+        "contrastive",
+        "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForZeroShotImageClassification",
+    ),
+    ("base", "MODEL_MAPPING_NAMES", "AutoModel"),
+)
+# an architecture transformers does not know (remote code): its task from its name
+_SUFFIXES = (
+    ("ForCausalLM", "causal-lm"),
+    ("ForMaskedLM", "masked-lm"),
+    ("ForSequenceClassification", "sequence-classification"),
+    ("ForImageClassification", "image-classification"),
+    ("ForConditionalGeneration", "seq2seq-lm"),
+)
+TEXT_GENERATION_TASKS = ("causal-lm", "seq2seq-lm")
+
+
+# ---- remote code -----------------------------------------------------------------------------
+
+
+def remote_code_trusted() -> bool:
+    """Whether code from a model's repository may run: ``--trust-remote-code`` or
+    ``trust_remote_code=True`` said so for this command (and its child processes)."""
+    return os.environ.get(_TRUST_ENV) == "1"
+
+
+@contextlib.contextmanager
+def trusting_remote_code(trust: bool = True) -> Iterator[None]:
+    """Within the block (and the processes it starts), ``hf:`` models may run code from their
+    repositories. ``trust=False`` changes nothing: an outer block's trust stays."""
+    if not trust:
+        yield
+        return
+    before = os.environ.get(_TRUST_ENV)
+    os.environ[_TRUST_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_TRUST_ENV, None)
+        else:
+            os.environ[_TRUST_ENV] = before
+
+
+def trust_remote_code_for_process() -> None:
+    """``--trust-remote-code`` on the command line: for the rest of this process."""
+    os.environ[_TRUST_ENV] = "1"
+
+
+# ---- where the config comes from ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where an ``hf:`` model's config is: a built-in shape, a folder, a file or a Hub id."""
+
+    kind: str  # "builtin" | "folder" | "file" | "hub"
+    where: str  # the built-in name, the path, or the Hub id
+
+    def describe(self) -> str:
+        return {
+            "builtin": f"the built-in shape {self.where}",
+            "folder": f"the folder {self.where}",
+            "file": f"the file {self.where}",
+            "hub": f"{self.where} on the Hugging Face Hub",
+        }[self.kind]
+
+
+def looks_like_path(name: str) -> bool:
+    return (
+        name.startswith((".", "/", "~"))
+        or name.endswith(".json")
+        or name.count("/") > 1
+        or "\\" in name
+    )
+
+
+def config_source(name: str, builtins: dict[str, Any]) -> ConfigSource:
+    """Which kind of model ``name`` names, from its spelling and the file system alone (no
+    network): a built-in name, an existing folder or ``.json`` file, or a Hub id."""
+    if name in builtins:
+        return ConfigSource("builtin", name)
+    path = Path(os.path.expanduser(name))
+    if name and path.exists():
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise WorkloadError(f"the folder {name} has no config.json")
+            return ConfigSource("folder", str(path))
+        return ConfigSource("file", str(path))
+    if looks_like_path(name):
+        raise WorkloadError(f"no such folder or config file: {name}")
+    if _HUB_ID.match(name) and ".." not in name:
+        return ConfigSource("hub", name)
+    raise WorkloadError(
+        f"unknown hf model {name!r}: give a built-in name ({', '.join(builtins)}), a Hub id "
+        "(org/name), a folder with a config.json, or a config.json file"
+    )
+
+
+def _hub_reachable(endpoint: str, timeout_s: float = 3.0) -> bool:
+    """A quick look for the Hub before a download, whose own retries take half a minute
+    when there is no network. Behind a proxy the download itself decides."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urlparse(endpoint)
+    host = url.hostname or "huggingface.co"
+    port = url.port or (443 if url.scheme != "http" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _download_config(repo: str) -> Path:
+    """``config.json`` of a Hub repository, from the local cache when it is there."""
+    try:
+        from huggingface_hub import constants, hf_hub_download
+        from huggingface_hub import errors as hub_errors
+    except ImportError:
+        raise WorkloadError(
+            f"hf:{repo} is read from the Hugging Face Hub, which needs huggingface_hub: "
+            "pip install huggingface_hub (it comes with transformers)"
+        ) from None
+    with contextlib.suppress(Exception):
+        return Path(hf_hub_download(repo, "config.json", local_files_only=True))
+    offline = (
+        f"cannot download the config of {repo}: the Hugging Face Hub cannot be reached "
+        "(offline?); pass a folder with its config.json or the config.json file instead"
+    )
+    if constants.HF_HUB_OFFLINE or not _hub_reachable(constants.ENDPOINT):
+        raise WorkloadError(offline)
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)  # its retry warnings are not for this user
+    try:
+        return Path(hf_hub_download(repo, "config.json"))
+    except hub_errors.GatedRepoError:
+        raise WorkloadError(
+            f"{repo} is gated on the Hugging Face Hub: accept its terms on its page and log "
+            "in (hf auth login), or pass a folder or config.json"
+        ) from None
+    except hub_errors.RepositoryNotFoundError:
+        raise WorkloadError(
+            f"no model {repo} on the Hugging Face Hub (or it is private: log in with hf auth login)"
+        ) from None
+    except hub_errors.EntryNotFoundError:
+        raise WorkloadError(f"{repo} on the Hugging Face Hub has no config.json") from None
+    except hub_errors.RevisionNotFoundError as exc:
+        raise WorkloadError(f"{repo}: {first_line(exc)}") from None
+    except (hub_errors.LocalEntryNotFoundError, hub_errors.OfflineModeIsEnabled, OSError):
+        raise WorkloadError(offline) from None
+    except Exception as exc:
+        raise WorkloadError(f"cannot download the config of {repo}: {first_line(exc)}") from None
+    finally:
+        hub_logger.setLevel(level)
+
+
+def _needs_remote_code(exc: BaseException) -> bool:
+    return "trust_remote_code" in str(exc)
+
+
+@functools.lru_cache(maxsize=32)
+def _load_config(source: ConfigSource, trust: bool) -> Any:
+    import transformers
+
+    if source.kind == "hub":
+        where: str = str(_download_config(source.where).parent)
+        raw = _read_json(Path(where) / "config.json", source)
+        if trust and raw.get("auto_map"):
+            where = source.where  # remote code: transformers fetches its code files
+    elif source.kind == "folder":
+        where = source.where
+        raw = _read_json(Path(where) / "config.json", source)
+    else:
+        where = source.where
+        raw = _read_json(Path(where), source)
+        if trust and raw.get("auto_map"):
+            raise WorkloadError(
+                f"{source.where} names remote code (auto_map), which comes with the model's "
+                "folder or Hub repository: pass the folder or the Hub id"
+            )
+    if not isinstance(raw.get("model_type"), str) and not raw.get("auto_map"):
+        raise WorkloadError(f"{source.where} is not a transformers config (it has no model_type)")
+    try:
+        with _quiet_transformers():
+            return transformers.AutoConfig.from_pretrained(where, trust_remote_code=trust)
+    except ValueError as exc:
+        if _needs_remote_code(exc) or (raw.get("auto_map") and not trust):
+            raise WorkloadError(_remote_code_message(source)) from None
+        raise WorkloadError(f"transformers cannot read {source.where}: {first_line(exc)}") from None
+    except Exception as exc:
+        raise WorkloadError(f"transformers cannot read {source.where}: {first_line(exc)}") from None
+
+
+def _remote_code_message(source: ConfigSource) -> str:
+    return (
+        f"{source.where} needs code from its repository (its config's auto_map): pass "
+        "--trust-remote-code (trust_remote_code=True in Python) if you trust it"
+    )
+
+
+def _read_json(path: Path, source: ConfigSource) -> dict[str, Any]:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"cannot read {path}: {exc}") from None
+    except ValueError as exc:
+        raise WorkloadError(f"{source.where} is not valid JSON: {first_line(exc)}") from None
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{source.where} is not a transformers config (not a JSON object)")
+    return data
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' warnings about config keys are about the checkpoint, not its memory."""
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def load_config(source: ConfigSource) -> Any:
+    """The transformers config of a folder, a file or a Hub id (a fresh copy: building may
+    change it)."""
+    return copy.deepcopy(_load_config(source, remote_code_trusted()))
+
+
+# ---- the model and its task ---------------------------------------------------------------------
+
+
+def _class_names(mapping: dict[str, Any]) -> set[str]:
+    names: set[str] = set()
+    for value in mapping.values():
+        names.update((value,) if isinstance(value, str) else value)
+    return names
+
+
+def task_of(config: Any) -> tuple[str, str]:
+    """(task, auto class name) of the model ``config`` describes: its ``architectures`` first,
+    else its model type's place in transformers' auto mappings."""
+    from transformers.models.auto import modeling_auto
+
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    if arch:
+        for task, mapping, auto in _TASKS:
+            if arch in _class_names(getattr(modeling_auto, mapping, {})):
+                return task, auto
+        for suffix, task in _SUFFIXES:
+            if arch.endswith(suffix):
+                return task, next(a for t, _, a in _TASKS if t == task)
+    model_type = getattr(config, "model_type", None)
+    for task, mapping, auto in _TASKS:
+        if model_type in getattr(modeling_auto, mapping, {}):
+            return task, auto
+    if arch:
+        raise WorkloadError(
+            f"hf: builds causal and sequence-to-sequence LMs, masked LMs, classifiers, "
+            f"CLIP-style and base models; {arch} is none of these"
+        )
+    raise WorkloadError(f"transformers has no model for the config type {model_type!r}")
+
+
+def task_of_model(model: torch.nn.Module) -> str | None:
+    """The task of an already built transformers model (None for other models)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        return None
+    from transformers.models.auto import modeling_auto
+
+    name = type(model).__name__
+    for task, mapping, _ in _TASKS:
+        if name in _class_names(getattr(modeling_auto, mapping, {})):
+            return task
+    return None
+
+
+def build_model(
+    config: Any,
+    task: str,
+    auto: str,
+    dtype: torch.dtype,
+    attn: str | None,
+    device: torch.device | None = None,
+) -> torch.nn.Module:
+    """The model of ``config`` for ``task``, with ``dtype`` parameters (never weights from a
+    checkpoint: they start as the model initialises them)."""
+    import transformers
+
+    kwargs: dict[str, Any] = {"trust_remote_code": remote_code_trusted()}
+    kwargs[_dtype_keyword(transformers.__version__)] = dtype
+    if attn:
+        kwargs["attn_implementation"] = attn
+    factory: Callable[..., torch.nn.Module] = getattr(transformers, auto).from_config
+    try:
+        with _quiet_transformers(), device or contextlib.nullcontext():
+            return factory(config, **kwargs)
+    except ValueError as exc:
+        if _needs_remote_code(exc):
+            raise WorkloadError(
+                "the model needs code from its repository (its config's auto_map): pass "
+                "--trust-remote-code (trust_remote_code=True in Python) if you trust it"
+            ) from None
+        raise WorkloadError(f"transformers cannot build {task} model: {first_line(exc)}") from None
+
+
+def _dtype_keyword(version: str) -> str:
+    """transformers 4.56 renamed ``torch_dtype`` to ``dtype``."""
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return "dtype"
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def text_config(config: Any) -> Any:
+    """The config of the text part (CLIP's ``text_config``; the config itself for LMs)."""
+    inner = getattr(config, "text_config", None)
+    return inner if inner is not None and hasattr(inner, "vocab_size") else config
+
+
+def vision_config(config: Any) -> Any:
+    inner = getattr(config, "vision_config", None)
+    return inner if inner is not None else config
+
+
+def max_positions(config: Any) -> int | None:
+    """The longest sequence the model's positions are made for (None: not said)."""
+    text = text_config(config)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(text, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def default_sequence(config: Any, task: str) -> int:
+    longest = max_positions(config)
+    if task == "contrastive":
+        return longest or 77
+    return min(1024, longest) if longest else 1024
+
+
+# ---- a batch and a loss for each task -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What one micro-batch is: the batch size, the sequence length (text), the prompt and
+    the new tokens (generation)."""
+
+    batch_size: int
+    seq: int
+    new_tokens: int = 0
+    cache: str | None = None  # generation: "dynamic" | "static"
+
+
+def batch_and_loss(
+    config: Any, task: str, mode: str, shapes: Shapes, device: torch.device
+) -> tuple[Callable[[], Any], Callable[..., Any]]:
+    """``batch()`` and ``loss(model, **batch)`` for ``task``; ``mode`` is ``train``, ``infer``
+    or ``generate``."""
+    b, seq = shapes.batch_size, shapes.seq
+    text = text_config(config)
+    vocab = int(getattr(text, "vocab_size", 0) or 0)
+    if mode == "generate":
+        if task not in TEXT_GENERATION_TASKS:
+            raise WorkloadError(
+                "@generate needs a model that generates text (a causal or "
+                f"sequence-to-sequence LM); this one's task is {task}"
+            )
+        return _generation(vocab, shapes, device)
+    if task in ("causal-lm", "masked-lm", "seq2seq-lm"):
+
+        def batch() -> dict[str, torch.Tensor]:
+            ids = torch.randint(0, vocab, (b, seq), device=device)
+            return {"input_ids": ids, "labels": ids}
+
+        def loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+            if mode == "infer":
+                if task == "seq2seq-lm":
+                    return model(input_ids=input_ids, decoder_input_ids=labels).logits
+                return model(input_ids=input_ids).logits
+            return model(input_ids=input_ids, labels=labels).loss
+
+        return batch, loss
+    if task == "sequence-classification":
+        labels_count = int(getattr(config, "num_labels", 2) or 2)
+
+        def batch_cls() -> dict[str, torch.Tensor]:
+            ids = torch.randint(0, vocab, (b, seq), device=device)
+            return {"input_ids": ids, "labels": torch.randint(0, labels_count, (b,), device=device)}
+
+        def loss_cls(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+            if mode == "infer":
+                return model(input_ids=input_ids).logits
+            return model(input_ids=input_ids, labels=labels).loss
+
+        return batch_cls, loss_cls
+    vision = vision_config(config)
+    size = _image_size(vision)
+    channels = int(getattr(vision, "num_channels", 3) or 3)
+    if task == "image-classification":
+        labels_count = int(getattr(config, "num_labels", 2) or 2)
+
+        def batch_img() -> dict[str, torch.Tensor]:
+            pixels = torch.randn(b, channels, size, size, device=device)
+            return {
+                "pixel_values": pixels,
+                "labels": torch.randint(0, labels_count, (b,), device=device),
+            }
+
+        def loss_img(
+            model: torch.nn.Module, pixel_values: torch.Tensor, labels: torch.Tensor
+        ) -> Any:
+            if mode == "infer":
+                return model(pixel_values=pixel_values).logits
+            return model(pixel_values=pixel_values, labels=labels).loss
+
+        return batch_img, loss_img
+    if task == "contrastive":
+
+        def batch_pair() -> dict[str, torch.Tensor]:
+            return {
+                "input_ids": torch.randint(0, vocab, (b, seq), device=device),
+                "pixel_values": torch.randn(b, channels, size, size, device=device),
+            }
+
+        def loss_pair(
+            model: torch.nn.Module, input_ids: torch.Tensor, pixel_values: torch.Tensor
+        ) -> Any:
+            out = model(input_ids=input_ids, pixel_values=pixel_values, return_loss=mode != "infer")
+            return out.logits_per_image if mode == "infer" else out.loss
+
+        return batch_pair, loss_pair
+    # a base model: its hidden states, and their mean as the loss of a training step
+    main_input = "pixel_values" if hasattr(vision, "image_size") and not vocab else "input_ids"
+
+    def batch_base() -> dict[str, torch.Tensor]:
+        if main_input == "pixel_values":
+            return {"pixel_values": torch.randn(b, channels, size, size, device=device)}
+        return {"input_ids": torch.randint(0, vocab, (b, seq), device=device)}
+
+    def loss_base(model: torch.nn.Module, **inputs: torch.Tensor) -> Any:
+        hidden = model(**inputs)[0]
+        return hidden if mode == "infer" else hidden.float().mean()
+
+    return batch_base, loss_base
+
+
+def _image_size(vision: Any) -> int:
+    size = getattr(vision, "image_size", 224)
+    if isinstance(size, (list, tuple)):
+        size = size[-1]
+    if isinstance(size, dict):
+        size = size.get("height", 224)
+    return int(size or 224)
+
+
+def _generation(
+    vocab: int, shapes: Shapes, device: torch.device
+) -> tuple[Callable[[], Any], Callable[..., Any]]:
+    """``model.generate()`` of exactly ``new_tokens`` tokens after a ``seq``-token prompt,
+    greedy, with the dynamic or the static KV cache and no ``torch.compile``: the same on a
+    GPU as in an estimate (the model's end-of-sequence token is switched off in build)."""
+    b, prompt, new = shapes.batch_size, shapes.seq, shapes.new_tokens
+    options: dict[str, Any] = {
+        "max_new_tokens": new,
+        "min_new_tokens": new,
+        "do_sample": False,
+        "disable_compile": True,
+    }
+    if shapes.cache == "static":
+        options["cache_implementation"] = "static"
+
+    def batch() -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab, (b, prompt), device=device)
+        # the mask a tokenizer gives: without it generate() looks for padding in the prompt
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    def loss(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        return model.generate(input_ids=input_ids, attention_mask=attention_mask, **options)
+
+    return batch, loss
+
+
+def without_end_of_sequence(model: torch.nn.Module) -> None:
+    """Generation runs every new token: no end-of-sequence token (a model with random
+    weights would stop wherever it happens to emit one)."""
+    config = getattr(model, "generation_config", None)
+    if config is not None:
+        config.eos_token_id = None
