@@ -1,4 +1,5 @@
-"""``vramscope fit WORKLOAD (--gpu NAME | --budget SIZE)``: the largest batch that fits."""
+"""``vramscope fit WORKLOAD (--gpu NAME | --budget SIZE)``: the largest batch that fits (the
+longest sequence, with ``--seq-len``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,23 @@ from vramscope.errors import VramscopeError
 @click.option("--margin", default="5%", show_default=True, help="Safety margin below the target.")
 @click.option("--max-batch-size", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option(
+    "--seq-len",
+    is_flag=True,
+    help="Find the longest sequence of an hf: model (its prompt, with @generate) instead, "
+    "at --batch-size.",
+)
+@click.option(
+    "-b",
+    "--batch-size",
+    type=click.IntRange(min=1),
+    help="With --seq-len: the batch size.  [default: 1]",
+)
+@click.option(
+    "--max-seq-len",
+    type=click.IntRange(min=1),
+    help="With --seq-len: the longest length tried.  [default: the model's positions]",
+)
+@click.option(
     "--effective-batch",
     type=click.IntRange(min=1),
     help="Also plan micro-batch × accumulation for this effective batch.",
@@ -35,6 +53,9 @@ def command(
     budget: str | None,
     margin: str,
     max_batch_size: int,
+    seq_len: bool,
+    batch_size: int | None,
+    max_seq_len: int | None,
     effective_batch: int | None,
     precision: str | None,
     accumulate: int | None,
@@ -49,11 +70,41 @@ def command(
     """Find the largest batch size of WORKLOAD that fits --gpu NAME (device used) or
     --budget SIZE (reserved), from the estimator alone, in seconds, with no GPU needed.
     With --verify, real trials on this machine's GPU confirm it, and the verified batch
-    size is the answer (the estimate's is shown beside it)."""
+    size is the answer (the estimate's is shown beside it). With --seq-len, the longest
+    sequence of an hf: model at --batch-size instead."""
     from vramscope.fit.render import render_fit_report
-    from vramscope.fit.search import fit
+    from vramscope.fit.search import fit, fit_sequence
 
     check_paths(json_path, html_path, trace_path, csv_path)
+
+    def progress(message: str) -> None:
+        say(f"vramscope fit: {message}", quiet)
+
+    if seq_len:
+        if verify or effective_batch:
+            raise VramscopeError(
+                f"--seq-len answers from the estimate alone; drop "
+                f"{'--verify' if verify else '--effective-batch'}"
+            )
+        report = fit_sequence(
+            workload,
+            gpu=gpu,
+            budget=budget,
+            margin=margin,
+            batch_size=batch_size or 1,
+            max_seq_len=max_seq_len,
+            precision=precision,
+            accumulate=accumulate,
+            allocator_config=allocator_config,
+            progress=progress,
+        )
+        emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)
+        return
+    if batch_size is not None or max_seq_len is not None:
+        raise VramscopeError(
+            f"{'--batch-size' if batch_size is not None else '--max-seq-len'} goes with "
+            "--seq-len (fit searches the batch size otherwise)"
+        )
     if verify:
         import torch
 
@@ -73,6 +124,6 @@ def command(
         allocator_config=allocator_config,
         effective_batch=effective_batch,
         verify=verify,
-        progress=lambda msg: say(f"vramscope fit: {msg}", quiet),
+        progress=progress,
     )
     emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)

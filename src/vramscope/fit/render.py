@@ -68,6 +68,47 @@ def headline(section: dict[str, Any]) -> Text:
     return text
 
 
+def _length_name(section: dict[str, Any]) -> str:
+    return "prompt length" if _number(section.get("new_tokens")) else "sequence length"
+
+
+def sequence_headline(section: dict[str, Any]) -> Text:
+    """ "Longest sequence: N tokens" (``fit --seq-len``), with its new tokens for generation."""
+    target = section.get("target") if isinstance(section.get("target"), dict) else {}
+    margin = _number(target.get("margin")) or 0
+    best = _number(section.get("max_seq_len"))
+    new = _number(section.get("new_tokens"))
+    text = Text()
+    if new:
+        total = f" + {new:.0f} new = {best + new:.0f} tokens" if best else ""
+        text.append(
+            f"Longest prompt: {_text(section.get('max_seq_len'))}{total}", style="bold green"
+        )
+    else:
+        text.append(
+            f"Longest sequence: {_text(section.get('max_seq_len'))} tokens", style="bold green"
+        )
+    text.append(
+        f"  (batch {_text(section.get('batch_size'))}; without the {margin:.0%} margin: "
+        f"{_text(section.get('max_seq_len_without_margin'))}; {_text(section.get('method'))}, "
+        f"{_text(section.get('estimates') or 0)} estimates)"
+    )
+    return text
+
+
+def _curve(section: dict[str, Any], key: str, column: str, title: str) -> list[RenderableType]:
+    """The estimates the search made, by the size it searched."""
+    curve = _records(section.get("curve"))
+    if not curve:
+        return []
+    t = Table(box=box.SIMPLE_HEAD, title=title)
+    for col in (column, "allocated", "reserved", "device used", "fits"):
+        t.add_column(col, justify="right")
+    for point in curve:
+        t.add_row(_text(point.get(key)), *_peak_cells(point.get("peak")), _yes(point.get("fits")))
+    return [fitting(t)]
+
+
 def render_fit_report(report: Report) -> Group:
     """What ``fit`` and ``compare`` print: the fit section and the fit warnings."""
     section = report.extra.get("fit")
@@ -84,18 +125,11 @@ def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Gro
             parts.append(Text(f"{f.severity}: {f.message}", style=style))
     if "max_batch_size" in section:
         parts.append(headline(section))
-        curve = _records(section.get("curve"))
-        if curve:
-            t = Table(box=box.SIMPLE_HEAD, title="Estimated memory by batch size")
-            for col in ("batch", "allocated", "reserved", "device used", "fits"):
-                t.add_column(col, justify="right")
-            for point in curve:
-                t.add_row(
-                    _text(point.get("batch_size")),
-                    *_peak_cells(point.get("peak")),
-                    _yes(point.get("fits")),
-                )
-            parts.append(fitting(t))
+        parts.extend(_curve(section, "batch_size", "batch", "Estimated memory by batch size"))
+    elif "max_seq_len" in section:
+        parts.append(sequence_headline(section))
+        title = f"Estimated memory by {_length_name(section)} at batch {_text(section.get('batch_size'))}"
+        parts.extend(_curve(section, "seq_len", "length", title))
     plans = _records(section.get("plans"))
     if plans:
         t = Table(box=box.SIMPLE_HEAD, title="micro-batch × accumulation plans")

@@ -10,15 +10,23 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramscope.errors import VramscopeError
 from vramscope.fit.answer import final_answer
-from vramscope.fit.strategies import DEFAULT_STRATEGIES, NotApplicable, Strategy, get_strategy
+from vramscope.fit.strategies import (
+    NotApplicable,
+    Strategy,
+    default_strategies,
+    get_strategy,
+)
 from vramscope.fit.trial import TrialResult, run_trial
 from vramscope.report.model import Finding, Report
 from vramscope.units import format_bytes, parse_percent, parse_size
 from vramscope.workload import resolve
+
+if TYPE_CHECKING:
+    from vramscope.zoo import HfSpec
 
 Progress = Callable[[str], None]
 # the share of its cap a capped allocator's allocated memory reaches before it runs out: real
@@ -87,9 +95,11 @@ class Estimator:
         accumulate: int | None,
         allocator_config: str | None,
         progress: Progress | None = None,
+        axis: SequenceAxis | None = None,
     ) -> None:
         self.spec = spec
         self.resolved = resolve(spec)
+        self.axis = axis  # None: the batch size grows; else the sequence length
         self.target = target
         self.strategy = strategy
         self.precision = precision
@@ -111,21 +121,33 @@ class Estimator:
             from vramscope.estimate.estimator import estimate
 
             s = self.strategy
+            builder, batch = self.resolved.builder, batch_size
+            if self.axis is not None:  # batch_size counts the axis's steps of tokens here
+                builder, batch = resolve(self.axis.spec_at(batch_size)).builder, self.axis.batch
             report = estimate(
-                s.wrap(self.resolved.builder),
-                batch_size=s.micro_batch(batch_size),
+                s.wrap(builder),
+                batch_size=s.micro_batch(batch),
                 gpu=self.target.gpu,
                 precision=s.precision or self.precision,
                 accumulate=s.accumulate(self.accumulate),
                 allocator_config=s.allocator_config or self.allocator_config,
                 reserved_limit=cap,
             )
-            report.workload.update(spec=self.spec, strategy=s.name, batch_size=batch_size)
+            report.workload.update(spec=self.spec, strategy=s.name, batch_size=batch)
+            if self.axis is not None:
+                report.workload.update(
+                    spec=self.axis.spec_at(batch_size), seq_len=self.size(batch_size)
+                )
             self.cache[key] = report
             if self.progress:
-                used = self.target.measure_of(_peak_dict(report))
-                self.progress(f"estimated batch {batch_size}: {format_bytes(used)}")
+                used = format_bytes(self.target.measure_of(_peak_dict(report)))
+                what = "batch" if self.axis is None else self.axis.describe_size()
+                self.progress(f"estimated {what} {self.size(batch_size)}: {used}")
         return self.cache[key]
+
+    def size(self, n: int) -> int:
+        """The batch size, or the sequence length, that the search's ``n`` stands for."""
+        return n if self.axis is None else self.axis.length(n)
 
     @property
     def batches(self) -> list[int]:
@@ -301,27 +323,38 @@ def search_batches(
 def fit_section(est: Estimator, found: BatchSearch, max_batch_size: int) -> dict[str, Any]:
     """The report's ``fit`` section for an estimate-only answer: the answer, the target and
     every estimate made on the way (the curve of memory against batch size)."""
-    target = est.target
+    key = "max_batch_size" if est.axis is None else "max_seq_len"
+    without = found.best_without_margin
     return {
-        "max_batch_size": found.best,
-        "max_batch_size_without_margin": found.best_without_margin,
-        # the largest batch the estimate runs, when a smaller one runs out (best is below that)
-        "largest_running": found.runs if found.runs != found.best else None,
+        key: est.size(found.best),
+        f"{key}_without_margin": est.size(without) if without is not None else None,
+        # the largest size the estimate runs, when a smaller one runs out (best is below that)
+        "largest_running": est.size(found.runs) if found.runs != found.best else None,
         "target": {
-            "kind": target.kind,
-            "gpu": target.gpu,
-            "limit_bytes": target.limit_bytes,
-            "margin": target.margin,
-            "usable_bytes": target.usable_bytes,
-            "compares": "device_used_bytes" if target.kind == "gpu" else "reserved_bytes",
+            **_target_section(est.target),
+            "compares": "device_used_bytes" if est.target.kind == "gpu" else "reserved_bytes",
         },
         "capped": found.best >= max_batch_size,
         "method": "estimate",
         "estimates": len(est.cache),
         "curve": [
-            {"batch_size": b, "peak": _peak_dict(est.report(b)), "fits": est.fits(b)}
+            {
+                "batch_size" if est.axis is None else "seq_len": est.size(b),
+                "peak": _peak_dict(est.report(b)),
+                "fits": est.fits(b),
+            }
             for b in est.batches
         ],
+    }
+
+
+def _target_section(target: Target) -> dict[str, Any]:
+    return {
+        "kind": target.kind,
+        "gpu": target.gpu,
+        "limit_bytes": target.limit_bytes,
+        "margin": target.margin,
+        "usable_bytes": target.usable_bytes,
     }
 
 
@@ -443,6 +476,126 @@ def fit(
         )
     report.extra["fit"] = section
     report.findings = findings + report.findings
+    return report
+
+
+@dataclass(frozen=True)
+class SequenceAxis:
+    """``fit --seq-len``: what grows is an ``hf:`` spec's sequence length (the prompt's, for
+    ``@generate``: its new tokens stay), at a fixed batch size."""
+
+    spec: HfSpec
+    batch: int
+    step: int = 16  # tokens: the answer is a multiple of this
+
+    def length(self, n: int) -> int:
+        return n * self.step
+
+    @classmethod
+    def of(cls, workload: str, batch_size: int) -> SequenceAxis:
+        from vramscope.zoo import parse_hf
+
+        text = workload.strip()
+        if not text.startswith("hf:"):
+            raise VramscopeError(
+                "--seq-len searches the sequence length of an hf: model (its /seq=N option); "
+                f"{text} is not one"
+            )
+        parsed = parse_hf(text[3:])
+        task = parsed.config()[1]
+        if task not in _TEXT_TASKS:
+            raise VramscopeError(
+                f"--seq-len needs a model that reads text; the task of {text} is {task}"
+            )
+        return cls(parsed, batch_size)
+
+    def spec_at(self, n: int) -> str:
+        return self.spec.with_length(self.length(n))
+
+    def describe_size(self) -> str:
+        return "prompt length" if self.spec.generate else "sequence length"
+
+    def longest(self) -> int | None:
+        """The longest length the model's positions allow (the prompt's: less the new
+        tokens)."""
+        positions = self.spec.max_positions()
+        if positions is None:
+            return None
+        return max(1, positions - self.spec.new_tokens)
+
+
+_TEXT_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "sequence-classification", "contrastive")
+
+
+# --seq-len without --max-seq-len and a model that names no longest sequence
+DEFAULT_MAX_SEQ_LEN = 131_072
+
+
+def fit_sequence(
+    workload: str,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    margin: str | float | None = None,
+    batch_size: int = 1,
+    max_seq_len: int | None = None,
+    precision: str | None = None,
+    accumulate: int | None = None,
+    allocator_config: str | None = None,
+    progress: Progress | None = None,
+) -> Report:
+    """The longest sequence of an ``hf:`` model that fits at ``batch_size``, from the
+    estimator (``fit --seq-len``); for ``@generate`` the longest prompt before its new
+    tokens."""
+    target = make_target(gpu, budget, margin)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise VramscopeError(f"batch size must be a whole number of 1 or more, not {batch_size!r}")
+    axis = SequenceAxis.of(workload, batch_size)
+    longest = max_seq_len or axis.longest() or DEFAULT_MAX_SEQ_LEN
+    cap = longest // axis.step  # in steps of tokens
+    if cap < 1:
+        raise VramscopeError(
+            f"the longest {axis.describe_size()} tried, {longest}, is shorter than the "
+            f"{axis.step} tokens the search counts in"
+        )
+    base = get_strategy("baseline")
+    est = Estimator(
+        workload, target, base, precision, accumulate, allocator_config, progress, axis=axis
+    )
+    found = search_batches(est, cap, start=min(cap, 512 // axis.step))
+    section = fit_section(est, found, cap)
+    new = axis.spec.new_tokens
+    section.update(
+        axis="seq_len",
+        step=axis.step,
+        batch_size=batch_size,
+        max_seq_len_cap=axis.length(cap),
+        new_tokens=new or None,
+    )
+    best = axis.length(found.best)
+    report = est.report(max(found.best, 1))
+    what = axis.describe_size()
+    if best == 0:
+        needed = est.value(1, capped=False)
+        section["needed_at_shortest_bytes"] = needed
+        message = (
+            f"does not fit even at {what} {axis.step} (batch {batch_size}): it needs "
+            f"{format_bytes(needed)}, the target allows {format_bytes(target.usable_bytes)}"
+        )
+        finding = Finding("fit", "error", message, {})
+    else:
+        total = f" ({best + new} with the {new} new tokens)" if new else ""
+        finding = Finding(
+            "fit",
+            "info",
+            f"longest {what} that fits at batch {batch_size}: {best}{total}, in steps of "
+            f"{axis.step} tokens"
+            + (" (the cap: the model's positions or --max-seq-len)" if found.best >= cap else "")
+            + f"; {target.describe()}; without the margin: "
+            f"{section['max_seq_len_without_margin']}",
+            {},
+        )
+    report.extra["fit"] = section
+    report.findings = [finding, *report.findings]
     return report
 
 
@@ -707,7 +860,7 @@ def compare(
         import torch
 
         measured = torch.cuda.is_available()
-    names = ["baseline"] if len(workloads) > 1 else (strategies or DEFAULT_STRATEGIES)
+    names = ["baseline"] if len(workloads) > 1 else (strategies or default_strategies(workloads[0]))
     if "baseline" not in names:
         names = ["baseline", *names]
     rows: list[dict[str, Any]] = []
@@ -762,13 +915,7 @@ def compare(
     section: dict[str, Any] = {
         "strategies": rows,
         "recommendation": recommendation,
-        "target": {
-            "kind": target.kind,
-            "gpu": target.gpu,
-            "limit_bytes": target.limit_bytes,
-            "usable_bytes": target.usable_bytes,
-            "margin": target.margin,
-        },
+        "target": _target_section(target),
         "batch_size": batch_size,
         "method": "measured" if measured else "estimated",
     }
