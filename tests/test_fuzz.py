@@ -177,7 +177,7 @@ def test_a_workload_spec_resolves_or_says_why_in_one_line(empty_dir, text):
         ("torchvision:resnet50/size=-3", "size"),
         ("timm:vit_base_patch16_224/flux", "flux"),
         ("hf:gpt2@lion", "unknown optimizer 'lion'"),
-        ("hf:gpt9", "unknown hf model 'gpt9'"),
+        ("hf:no model", "unknown hf model .no model."),
         ("example:cnn@sgd", "no built-in example"),
     ],
 )

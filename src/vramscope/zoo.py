@@ -281,29 +281,29 @@ def _model_and_mode(text: str) -> tuple[str, str]:
     return head, mode
 
 
+def _split_options(segments: list[str]) -> tuple[str, list[str]]:
+    """A Hub id or a path, and the options after it: the trailing segments that name an
+    option or set a value (``NAME=VALUE``), unless a longer prefix is a path that exists."""
+    cut = len(segments)
+    while cut > 1 and ("=" in segments[cut - 1] or segments[cut - 1] in HF_OPTIONS):
+        cut -= 1
+    for longer in range(len(segments), cut, -1):
+        candidate = _model_and_mode("/".join(segments[:longer]))[0]
+        if Path(candidate).expanduser().exists():
+            cut = longer
+            break
+    return "/".join(segments[:cut]), segments[cut:]
+
+
 def parse_hf(name: str) -> HfSpec:
     """``llama-1b@generate/prompt=2048/new=512`` → its model, mode and options. The model may
     itself contain slashes (a Hub id ``org/name``, a path): options are the trailing
     segments whose name is an option, and a path that exists is never split."""
     segments = name.split("/")
-    model_part, options = name, []
-    first, _ = _model_and_mode(segments[0])
-    if first in HF_MODELS:
+    if _model_and_mode(segments[0])[0] in HF_MODELS:
         model_part, options = segments[0], segments[1:]
     else:
-        for cut in range(len(segments), 0, -1):  # the longest prefix that is a path on disk
-            candidate, _ = _model_and_mode("/".join(segments[:cut]))
-            if candidate and Path(candidate).expanduser().exists():
-                model_part, options = "/".join(segments[:cut]), segments[cut:]
-                break
-        else:
-            cut = len(segments)
-            while cut > 1 and segments[cut - 1].partition("=")[0] in HF_OPTIONS:
-                cut -= 1
-            model_part, options = "/".join(segments[:cut]), segments[cut:]
-            if "=" in segments[cut - 1] and cut > 1:
-                options = [segments[cut - 1], *options]
-                model_part = "/".join(segments[: cut - 1])
+        model_part, options = _split_options(segments)
     model, mode = _model_and_mode(model_part)
     mode = mode or "adamw"
     if mode not in HF_MODES:

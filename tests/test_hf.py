@@ -1,0 +1,441 @@
+"""``hf:`` specs from committed config files: every model type builds for its task and is
+estimated; bad input is one line; remote code runs only when trusted; LoRA trains adapters
+only; generate() runs to its full length, its skipped decoding steps written exactly as they
+would have been traced; ``fit --seq-len`` answers the longest sequence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="hf: workloads need transformers")
+
+from hf_tiny import CONFIGS, NAMES, tiny_config
+from vramscope.errors import VramscopeError, WorkloadError
+from vramscope.estimate.estimator import estimate
+from vramscope.workload import resolve
+from vramscope.zoo import parse_hf
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = {
+    "bert-base-uncased": "masked-lm",
+    "clip-vit-base-patch32": "contrastive",
+    "gemma-2-2b": "causal-lm",
+    "llama-3-8b": "causal-lm",
+    "mistral-7b": "causal-lm",
+    "mixtral-8x7b": "causal-lm",
+    "phi-3-mini": "causal-lm",
+    "qwen2.5-7b": "causal-lm",
+    "t5-base": "seq2seq-lm",
+    "vit-base-patch16-224": "image-classification",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    """name -> a folder with a small copy of that committed config."""
+    root = tmp_path_factory.mktemp("hf")
+    return {name: tiny_config(name, root / name) for name in NAMES}
+
+
+def vramscope(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "vramscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("vramscope: error:") and needle in lines[0], lines[0]
+
+
+def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """The command line in this process (what ``main`` prints and its exit code)."""
+    from vramscope.cli.main import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, int(exit_info.value.code or 0), out, err)
+
+
+# ---- the committed configs ------------------------------------------------------------------
+
+
+def test_the_fixtures_are_the_ten_models_of_the_issue():
+    assert set(NAMES) == set(TASKS)
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_each_config_is_read_for_its_task_at_full_size(name):
+    from vramscope.hf_models import config_source, load_config, task_of
+
+    source = config_source(str(CONFIGS / name), {})
+    assert source.kind == "folder"
+    config = load_config(source)
+    assert task_of(config)[0] == TASKS[name]
+    # and as the config.json file itself
+    file_source = config_source(str(CONFIGS / name / "config.json"), {})
+    assert file_source.kind == "file"
+    assert type(load_config(file_source)) is type(config)
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_each_model_type_is_estimated_for_a_training_step(tiny, name):
+    # Mixtral's experts run torch's grouped matmul, which takes bfloat16 on a GPU
+    precision = "bf16-true" if name == "mixtral-8x7b" else None
+    report = estimate(f"hf:{tiny[name]}/seq=32", 2, precision=precision)
+    assert report.workload["training"]
+    # the estimate's parameters are the model the config describes
+    import transformers
+
+    from vramscope.hf_models import config_source, load_config, task_of
+
+    config = load_config(config_source(str(tiny[name]), {}))
+    auto = getattr(transformers, task_of(config)[1])
+    model = auto.from_config(config)
+    assert report.workload["parameters"] == sum(p.numel() for p in model.parameters())
+    root = report.modules[0]
+    assert root["optimizer_state_bytes"] >= 2 * root["parameters_bytes"] * 0.99
+
+
+def test_a_true_precision_builds_the_model_in_its_dtype(tiny):
+    spec = resolve(f"hf:{tiny['qwen2.5-7b']}/seq=16")
+    from vramscope.workload import build_workload
+
+    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec, "bf16-true")
+    assert {p.dtype for p in workload.model.parameters()} == {torch.bfloat16}
+    assert workload.precision == "bf16-true"
+    assert workload.meta["hf"]["task"] == "causal-lm"
+    assert workload.meta["hf"]["seq"] == 16
+
+
+# ---- reading the spec -------------------------------------------------------------------------
+
+
+def test_spec_options_and_modes_are_read_around_slashes_in_the_model(tmp_path):
+    parsed = parse_hf("llama-1b@generate/prompt=2048/new=512/cache=static")
+    assert (parsed.model, parsed.mode) == ("llama-1b", "generate")
+    assert parsed.options == {"prompt": "2048", "new": "512", "cache": "static"}
+    hub = parse_hf("meta-llama/Meta-Llama-3-8B@infer/seq=4096")
+    assert (hub.model, hub.mode, hub.options) == (
+        "meta-llama/Meta-Llama-3-8B",
+        "infer",
+        {"seq": "4096"},
+    )
+    lora = parse_hf("Qwen/Qwen2.5-7B/lora=r64/targets=q_proj,v_proj/ckpt")
+    assert lora.model == "Qwen/Qwen2.5-7B" and lora.options["lora"] == "64"
+    assert lora.training and "ckpt" in lora.options
+    # a folder on disk is never split, even where its name looks like an option
+    folder = tmp_path / "seq=8"
+    folder.mkdir()
+    assert parse_hf(f"{folder}/seq=32").model == str(folder)
+    # the length option is rewritten for fit --seq-len
+    assert parsed.with_length(96) == "hf:llama-1b@generate/prompt=96/new=512/cache=static"
+    assert lora.with_length(64).endswith("/lora=64/targets=q_proj,v_proj/ckpt/seq=64")
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("hf:llama-1b/prompt=5", "/prompt is for generation"),
+        ("hf:llama-1b@generate/seq=5", "not /seq"),
+        ("hf:llama-1b@generate/cache=paged", "/cache takes dynamic or static"),
+        ("hf:llama-1b@infer/ckpt", "@infer has none"),
+        ("hf:llama-1b/lora=abc", "/lora takes a rank"),
+        ("hf:llama-1b/targets=q_proj", "add /lora"),
+        ("hf:llama-1b/new=0", "/new takes a whole number"),
+        ("hf:llama-1b@lion", "unknown optimizer 'lion'"),
+        ("hf:./no/such/config.json", "no such folder or config file"),
+        ("hf:bad name!", "unknown hf model"),
+    ],
+)
+def test_bad_specs_are_refused_before_anything_is_built(spec, needle):
+    with pytest.raises(WorkloadError, match=needle.replace("(", r"\(")):
+        resolve(spec)
+
+
+def test_a_folder_without_a_config_is_refused(tmp_path):
+    with pytest.raises(WorkloadError, match=r"has no config\.json"):
+        resolve(f"hf:{tmp_path}")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["estimate", "hf:some-org/some-model"], "cannot be reached (offline?)"),
+        (["estimate", "hf:./missing/config.json"], "no such folder or config file"),
+        (["measure", "hf:./missing"], "no such folder or config file"),
+        (["estimate", f"hf:{CONFIGS / 'bert-base-uncased'}@generate"], "needs a model that"),
+        (["fit", "example:gpt", "--gpu", "h100", "--seq-len"], "--seq-len searches"),
+        (["fit", "hf:gpt2", "--gpu", "h100", "--seq-len", "--verify"], "drop --verify"),
+        (["fit", "hf:gpt2", "--gpu", "h100", "--max-seq-len", "64"], "goes with --seq-len"),
+    ],
+)
+def test_bad_input_on_the_command_line_is_one_line_and_exit_2(args, needle, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert_one_line_error(cli(args, capsys), needle)
+
+
+def test_an_unknown_hub_id_without_a_network_is_one_line_in_a_fresh_process():
+    proc = vramscope("estimate", "hf:some-org/some-model", env={"HF_HUB_OFFLINE": "1"})
+    assert_one_line_error(proc, "cannot download the config of some-org/some-model")
+
+
+def test_config_files_that_are_not_transformers_configs_are_one_line(tmp_path, capsys):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert_one_line_error(cli(["estimate", f"hf:{broken}"], capsys), "is not valid JSON")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hidden_size": 8}))
+    assert_one_line_error(cli(["estimate", f"hf:{other}"], capsys), "not a transformers config")
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"model_type": "no-such-type"}))
+    assert_one_line_error(cli(["estimate", f"hf:{unknown}"], capsys), "transformers cannot read")
+
+
+# ---- remote code -------------------------------------------------------------------------------
+
+REMOTE_CONFIG = """
+from transformers import PretrainedConfig
+
+
+class TinyConfig(PretrainedConfig):
+    model_type = "tiny-remote"
+
+    def __init__(self, width=32, vocab_size=64, **kwargs):
+        self.width = width
+        self.vocab_size = vocab_size
+        super().__init__(**kwargs)
+"""
+REMOTE_MODEL = """
+import torch
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+from .configuration_tiny import TinyConfig
+
+
+class TinyForCausalLM(PreTrainedModel):
+    config_class = TinyConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed = torch.nn.Embedding(config.vocab_size, config.width)
+        self.head = torch.nn.Linear(config.width, config.vocab_size)
+        self.post_init()
+
+    def forward(self, input_ids, labels=None, **kwargs):
+        logits = self.head(self.embed(input_ids))
+        loss = None
+        if labels is not None:
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        return CausalLMOutput(loss=loss, logits=logits)
+"""
+
+
+def test_remote_code_runs_only_with_trust_remote_code(tmp_path):
+    folder = tmp_path / "tiny-remote"
+    folder.mkdir()
+    (folder / "configuration_tiny.py").write_text(REMOTE_CONFIG)
+    (folder / "modeling_tiny.py").write_text(REMOTE_MODEL)
+    config = {
+        "model_type": "tiny-remote",
+        "architectures": ["TinyForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_tiny.TinyConfig",
+            "AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM",
+        },
+        "width": 32,
+        "vocab_size": 64,
+        "max_position_embeddings": 128,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    spec = f"hf:{folder}/seq=16"
+    assert_one_line_error(vramscope("estimate", spec, "-b", "2"), "--trust-remote-code")
+    proc = vramscope("estimate", spec, "-b", "2", "--trust-remote-code", "--json", "-", "-q")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["workload"]["parameters"] == 64 * 32 + 32 * 64 + 64
+    # in Python, for one call
+    with pytest.raises(VramscopeError, match="--trust-remote-code"):
+        estimate(spec, 2)
+    assert estimate(spec, 2, trust_remote_code=True).workload["parameters"] == 4160
+    with pytest.raises(VramscopeError, match="--trust-remote-code"):
+        estimate(spec, 2)
+
+
+# ---- LoRA -----------------------------------------------------------------------------------------
+
+
+def test_lora_freezes_the_model_and_trains_the_adapters_alone(tiny):
+    spec = resolve(f"hf:{tiny['llama-3-8b']}/lora=8/seq=16")
+    workload = spec.build(2, torch.device("cpu"))
+    trainable = {n: p for n, p in workload.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    # PEFT's default layers for Llama: q_proj and v_proj, A (r x in) and B (out x r) each
+    config = workload.model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    q = 8 * config.hidden_size + config.num_attention_heads * head_dim * 8
+    v = 8 * config.hidden_size + config.num_key_value_heads * head_dim * 8
+    assert sum(p.numel() for p in trainable.values()) == config.num_hidden_layers * (q + v)
+    optimized = {id(p) for g in workload.optimizer.param_groups for p in g["params"]}
+    assert optimized == {id(p) for p in trainable.values()}
+
+    report = estimate(f"hf:{tiny['llama-3-8b']}/lora=8/seq=16", 2)
+    root = report.modules[0]
+    adapter_bytes = sum(p.numel() for p in trainable.values()) * 4
+    assert root["gradients_bytes"] < 2 * adapter_bytes
+    assert root["optimizer_state_bytes"] < 4 * adapter_bytes
+    assert root["parameters_bytes"] > 10 * root["gradients_bytes"]
+
+
+def test_compare_runs_full_fine_tuning_against_lora_and_lora_with_checkpointing(tiny):
+    from vramscope.fit.search import compare
+    from vramscope.fit.strategies import default_strategies
+
+    spec = f"hf:{tiny['mistral-7b']}/seq=64"
+    names = default_strategies(spec)
+    assert {"lora-r8", "lora-r64", "lora-r8+checkpointing"} <= set(names)
+    assert "lora-r8" not in default_strategies(f"hf:{tiny['mistral-7b']}@infer")
+    assert "lora-r8" not in default_strategies("example:gpt")
+    report = compare(
+        [spec],
+        4,
+        strategies=["lora-r8", "lora-r64", "lora-r8+checkpointing", "checkpointing"],
+        measured=False,
+    )
+    rows = {r["name"]: r for r in report.extra["fit"]["strategies"]}
+    assert set(rows) == {
+        "baseline",
+        "lora-r8",
+        "lora-r64",
+        "lora-r8+checkpointing",
+        "checkpointing",
+    }
+    allocated = {name: row["peak"]["allocated_bytes"] for name, row in rows.items()}
+    assert allocated["lora-r8"] < allocated["baseline"]
+    assert allocated["lora-r8"] < allocated["lora-r64"]
+    assert allocated["lora-r8+checkpointing"] < allocated["lora-r8"]
+    # LoRA needs a transformers model that trains
+    other = compare(["example:gpt"], 2, strategies=["lora-r8"], measured=False)
+    skipped = {r["name"]: r.get("skipped") for r in other.extra["fit"]["strategies"]}
+    assert "transformers" in skipped["lora-r8"]
+
+
+# ---- generation -----------------------------------------------------------------------------
+
+
+def _events(trace):
+    """A trace's allocations and frees, blocks numbered by first use, with size and kind."""
+    ids: dict[int, int] = {}
+    rows = []
+    for event in trace.events:
+        block = trace.blocks[event[1]]
+        rows.append((event[0], ids.setdefault(event[1], len(ids)), block.size, block.kind))
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "precision"),
+    [
+        ("llama-3-8b", "prompt=100/new=80", "bf16-true"),
+        ("t5-base", "prompt=40/new=60/cache=static", None),
+    ],
+)
+def test_skipped_decoding_steps_are_written_exactly_as_traced(tiny, name, options, precision):
+    from vramscope.estimate import generation
+    from vramscope.estimate.profiles import get_profile
+    from vramscope.estimate.trace import trace_workload
+
+    spec = resolve(f"hf:{tiny[name]}@generate/{options}")
+    cut = trace_workload(spec, 3, get_profile("h200"), precision=precision)
+    assert any("decoding steps traced" in note for note in cut.notes)
+    with mock.patch.object(generation, "_time_to_cut", lambda call: False):
+        full = trace_workload(spec, 3, get_profile("h200"), precision=precision)
+    assert not any("decoding steps traced" in note for note in full.notes)
+    assert _events(cut) == _events(full)
+    assert cut.marks == full.marks and cut.step_starts == full.step_starts
+
+
+def test_generation_labels_its_kv_cache_and_runs_every_new_token(tiny):
+    from vramscope.estimate.profiles import get_profile
+    from vramscope.estimate.trace import trace_workload
+
+    batch, prompt, new = 3, 50, 40
+    trace = trace_workload(
+        resolve(f"hf:{tiny['qwen2.5-7b']}@generate/prompt={prompt}/new={new}/cache=static"),
+        batch,
+        get_profile("h200"),
+        precision="bf16-true",
+    )
+    cache = [b.size for b in trace.blocks.values() if b.kind == "kv_cache"]
+    # a static cache: keys and values of every layer for every token but the last one
+    # generated (it is never fed back), made once a step
+    config = json.loads((tiny["qwen2.5-7b"] / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    one = batch * config["num_key_value_heads"] * (prompt + new - 1) * head_dim * 2
+    layers = [size for size in cache if size > 64]
+    assert set(layers) == {one}
+    assert len(layers) == 2 * config["num_hidden_layers"] * 2  # two steps traced
+
+
+def test_generation_is_measured_for_real_on_the_cpu(tiny):
+    from vramscope.tracking.runner import measure
+
+    report = measure(f"hf:{tiny['phi-3-mini']}@generate/prompt=12/new=5", 2, steps=1, device="cpu")
+    assert report.exit.status == "ok"
+    assert report.workload["training"] is False
+
+
+# ---- fit --seq-len --------------------------------------------------------------------------------
+
+
+def test_fit_seq_len_answers_the_longest_sequence_that_fits(tiny):
+    from vramscope.fit.search import fit_sequence
+
+    spec = f"hf:{tiny['llama-3-8b']}@infer"
+    report = fit_sequence(spec, budget="120MiB", batch_size=4, max_seq_len=4096)
+    section = report.extra["fit"]
+    best = section["max_seq_len"]
+    assert section["axis"] == "seq_len" and section["batch_size"] == 4
+    assert 16 <= best < 4096 and best % 16 == 0
+    points = {p["seq_len"]: p for p in section["curve"]}
+    assert points[best]["fits"]
+    assert all(
+        not p["fits"] for n, p in points.items() if n > section["max_seq_len_without_margin"]
+    )
+    assert report.findings[0].message.startswith(
+        f"longest sequence length that fits at batch 4: {best}"
+    )
+
+    capped = fit_sequence(spec, gpu="h100", batch_size=1, max_seq_len=64)
+    assert capped.extra["fit"]["max_seq_len"] == 64 and capped.extra["fit"]["capped"]
+
+
+def test_fit_seq_len_of_generation_searches_the_prompt_on_the_command_line(tiny, capsys):
+    spec = f"hf:{tiny['llama-3-8b']}@generate/new=24"
+    args = ["fit", spec, "--seq-len", "--gpu", "h100", "-b", "2", "--max-seq-len", "40"]
+    proc = cli(args, capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert "Longest prompt: 32 + 24 new = 56 tokens" in " ".join(proc.stdout.split())
+    with pytest.raises(VramscopeError, match="reads text"):
+        from vramscope.fit.search import fit_sequence
+
+        fit_sequence(f"hf:{tiny['vit-base-patch16-224']}", gpu="h100")
