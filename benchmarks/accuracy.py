@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -32,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from suite import SUITE, Case  # noqa: E402
+from suite import ROOT, SUITE, Case  # noqa: E402
 
 COLUMNS = ("allocated", "reserved", "device_used")
 TARGETS = {  # column: (median, p90) of |error| in %
@@ -100,7 +101,9 @@ def main() -> int:
     parser.add_argument("--only", nargs="*")
     args = parser.parse_args()
 
+    out = Path(args.out).resolve()
     measured_doc = json.loads(Path(args.measured).read_text())
+    os.chdir(ROOT)  # specs name files relative to the repository
     measured = {c["name"]: c for c in measured_doc["cases"]}
     cases = [c for c in SUITE if not args.only or c.name in args.only]
 
@@ -208,7 +211,7 @@ def main() -> int:
         "measured": measured_doc.get("meta"),
         "estimated_on": {
             "cpu": platform.processor() or platform.machine(),
-            "cpus": __import__("os").cpu_count(),
+            "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "torch": torch.__version__,
         },
@@ -220,10 +223,8 @@ def main() -> int:
         except Exception:
             with_versions[name] = None
     meta["estimated_on"].update(with_versions)
-    Path(args.out).write_text(
-        json.dumps({"meta": meta, "summary": summary, "cases": rows}, indent=1)
-    )
-    print(f"wrote {args.out}")
+    out.write_text(json.dumps({"meta": meta, "summary": summary, "cases": rows}, indent=1))
+    print(f"wrote {out}")
     return 0
 
 

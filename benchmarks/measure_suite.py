@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import SUITE, Case
+from suite import ROOT, SUITE, Case
 
 
 def measure_case(case: Case, tmp: Path) -> dict:
@@ -42,6 +42,7 @@ def measure_case(case: Case, tmp: Path) -> dict:
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=ROOT,  # specs name files relative to the repository
         timeout=900,
     )
     row: dict = {
