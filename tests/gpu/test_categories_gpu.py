@@ -117,7 +117,13 @@ def within_at_peak(report, want: dict[str, int]) -> None:
     try:
         within(measured(report), want)
     except AssertionError as error:
-        raise AssertionError(f"{error}; {report.categories_note}") from None
+        steps = [
+            (s.index, [(p.name, p.peak_allocated_bytes) for p in s.phases]) for s in report.steps
+        ]
+        raise AssertionError(
+            f"{error}; {report.categories_note}; peak {report.peak.allocated_bytes}; "
+            f"categories {report.categories_at_peak}; steps {steps[:4]}"
+        ) from None
 
 
 def test_accelerate_bf16_prepared_model_and_optimizer():
