@@ -275,3 +275,14 @@ def test_run_script_whose_model_dies_with_main_keeps_categories(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("EXPECTED "))
     within(measured(Report.load(out)), json.loads(line[len("EXPECTED ") :]))
+
+
+def test_views_of_one_storage_count_each_view_for_the_full_gradients():
+    from vramscope.tracking.categories import full_gradient_bytes
+
+    flat = torch.zeros(64 * 32 + 64)
+    model = nn.Linear(32, 64)
+    model.weight = nn.Parameter(flat[: 64 * 32].view(64, 32))  # FSDP1's original parameters
+    model.bias = nn.Parameter(flat[64 * 32 :])
+    assert full_gradient_bytes([model], "cpu") == (64 * 32 + 64) * 4
+    assert full_gradient_bytes([mlp()], "cpu") == sum(p.numel() for p in mlp().parameters()) * 4
