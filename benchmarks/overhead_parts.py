@@ -12,6 +12,7 @@ Usage: python benchmarks/overhead_parts.py [--workload chargpt-infer-b1-64tok] [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -37,6 +38,41 @@ VARIANTS = {
     "no sampler": {"interval_s": 1e6},
     "no status file": {"status": False},
 }
+# --detail modules taken apart: the allocator's history alone, markers to a depth, backward
+# markers off (a variant is Session keyword arguments, or a function making a context manager)
+MODULE_VARIANTS: dict = {
+    "modules": {"detail": "modules"},
+    "history only": lambda: _history_only(),
+    "modules depth 0": {"detail": "modules", "depth": 0},
+    "modules depth 1": {"detail": "modules", "depth": 1},
+    "modules, no backward markers": lambda: _no_backward_markers(),
+    "modules, no status/sampler": {"detail": "modules", "status": False, "interval_s": 1e6},
+}
+
+
+@contextlib.contextmanager
+def _history_only():  # type: ignore[no-untyped-def]
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context=None, stacks="python", max_entries=300_000
+    )
+    try:
+        yield
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+@contextlib.contextmanager
+def _no_backward_markers():  # type: ignore[no-untyped-def]
+    session = vramscope.Session(detail="modules")
+    with session:
+        recorder = session._attribution
+        if recorder is not None:
+            recorder.backward_depth = 0
+        yield
+
+
+def _variant(spec):  # type: ignore[no-untyped-def]
+    return spec() if callable(spec) else vramscope.Session(**spec)
 
 
 def call_cost(fn, n: int = 3000) -> float:  # type: ignore[no-untyped-def]
@@ -53,7 +89,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--detail", default="default", help="the detail the profile runs with")
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--modules", action="store_true", help="take --detail modules apart instead of default"
+    )
+    parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args()
+    variants = MODULE_VARIANTS if args.modules else VARIANTS
     device = torch.device("cuda")
     builder, batch = overhead.WORKLOADS[args.workload]
     runner = StepRunner(builder(batch, device), device)
@@ -61,20 +102,19 @@ def main() -> None:
         runner()
     rounds, steps = overhead.block_plan(runner, args.rounds)
     times: dict[str, list[float]] = {"base": []}
-    order = ["base", *VARIANTS]
+    order = ["base", *variants]
     for r in range(rounds):
         shift = r % len(order)
         for name in order[shift:] + order[:shift]:
             if name == "base":
                 times["base"] += overhead.timed_steps(runner, steps)
                 continue
-            session = vramscope.Session(**VARIANTS[name])
-            with session:
+            with _variant(variants[name]):
                 times.setdefault(name, []).extend(overhead.timed_steps(runner, steps))
     base = statistics.median(times["base"])
     result: dict = {"workload": args.workload, "step_ms": round(base * 1e3, 3), "variants": {}}
     print(f"{args.workload}: base {base * 1e3:.3f} ms/step")
-    for name in VARIANTS:
+    for name in variants:
         t = statistics.median(times[name])
         result["variants"][name] = {"cost_us_per_step": round((t - base) * 1e6, 1)}
         print(f"  {name:16s} {(t - base) * 1e6:8.1f} µs/step  ({100 * (t - base) / base:+.2f}%)")
@@ -90,6 +130,10 @@ def main() -> None:
     result["call_cost_us"] = {k: round(v, 2) for k, v in costs.items()}
     for name, us in costs.items():
         print(f"  {name:40s} {us:8.2f} µs")
+    if args.no_profile:
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        return
     profiler = cProfile.Profile()
     with vramscope.track(detail=args.detail):
         for _ in range(5):

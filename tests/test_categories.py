@@ -2,7 +2,7 @@
 
 Each case trains a few steps on the CPU under tracking and compares the report's categories
 with the bytes of the objects themselves (each storage once): a model wrapped in
-DataParallel, DDP or FSDP2, two models and two optimizers, a shared and a frozen parameter,
+DataParallel, DDP, FSDP1 or FSDP2, two models and two optimizers, a shared and a frozen parameter,
 an optimizer made after the first forward, and objects gone before tracking stops.
 """
 
@@ -144,6 +144,27 @@ def test_optimizer_created_after_the_first_forward():
     within(measured(session.report()), expected([model], [opt]))
 
 
+def test_closure_step_whose_state_moves_away_before_tracking_stops():
+    """Lightning's way: forward and backward run in a closure inside ``optimizer.step``, and
+    its teardown moves the optimizer state off the device before tracking ends."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def closure() -> torch.Tensor:
+        loss = model(torch.randn(8, 32)).square().mean()
+        loss.backward()
+        return loss
+
+    with vramscope.track() as session:
+        for _ in range(3):
+            opt.step(closure)
+            opt.zero_grad(set_to_none=True)
+        want = expected([model], [opt])
+        opt.state.clear()
+    assert want["optimizer_state"] > 0
+    within(measured(session.report()), want)
+
+
 def test_objects_gone_before_tracking_stops_keep_their_bytes():
     model = nn.DataParallel(mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -181,6 +202,21 @@ def test_fsdp2_fully_shard_counts_the_local_shards(process_group):
         if isinstance(layer, nn.Linear):
             fully_shard(layer)
     fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with vramscope.track() as session:
+        train(model, [opt])
+    want = expected([model], [opt])
+    assert want["parameters"] == sum(p.numel() for p in mlp().parameters()) * 4
+    within(measured(session.report()), want)
+
+
+@pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig-params"])
+def test_fsdp1_counts_the_flat_parameter_once(process_group, use_orig_params):
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model = FullyShardedDataParallel(
+        mlp(), device_id=torch.device("cpu"), use_orig_params=use_orig_params
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with vramscope.track() as session:
         train(model, [opt])
@@ -239,3 +275,14 @@ def test_run_script_whose_model_dies_with_main_keeps_categories(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("EXPECTED "))
     within(measured(Report.load(out)), json.loads(line[len("EXPECTED ") :]))
+
+
+def test_views_of_one_storage_count_each_view_for_the_full_gradients():
+    from vramscope.tracking.categories import full_gradient_bytes
+
+    flat = torch.zeros(64 * 32 + 64)
+    model = nn.Linear(32, 64)
+    model.weight = nn.Parameter(flat[: 64 * 32].view(64, 32))  # FSDP1's original parameters
+    model.bias = nn.Parameter(flat[64 * 32 :])
+    assert full_gradient_bytes([model], "cpu") == (64 * 32 + 64) * 4
+    assert full_gradient_bytes([mlp()], "cpu") == sum(p.numel() for p in mlp().parameters()) * 4

@@ -91,7 +91,9 @@ def test_convolution_workspaces_follow_the_transpose_rule():
     where the engine skips a transpose, or nothing); each workload's total is within 10% of
     what cuDNN allocated."""
     close = exact = total = 0
-    for name in TRACES:
+    # the layer workloads (grouped and channels-last convolutions take other cuDNN engines)
+    # are held to their whole estimates in tests/test_estimate_layers.py
+    for name in (n for n in TRACES if not n.startswith("layer-")):
         pairs = _forward_workspaces(load(name))
         recorded = sum(r for r, _ in pairs)
         modelled = sum(m for _, m in pairs)

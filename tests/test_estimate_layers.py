@@ -5,8 +5,9 @@ allocations of one and asserts the bytes the CUDA kernels allocate, from torch's
 (``aten/src/ATen/native/cudnn/RNN.cpp``, ``cuda/EmbeddingBag.cu``, ``optim/adam.py``...).
 
 cuDNN's own sizes for recurrent layers (reserve, workspace, dropout state) follow the rule
-in ``estimate/rnn.py``, not yet checked on a GPU: those assertions pin the rule, and
-``tests/gpu/test_estimate_layers_gpu.py`` compares with the H200 once recorded.
+in ``estimate/rnn.py``, measured on an H200 (cuDNN 9.19): the assertions below give the
+recorded bytes, and the last test compares every workload's peak with its H200 recording
+(``tests/data/op_trace_h200_layer-*.json.gz``).
 """
 
 from __future__ import annotations
@@ -83,24 +84,37 @@ def test_lstm_weights_are_one_flat_buffer(lstm):
 
 def test_lstm_forward_allocates_output_states_and_reserve(lstm):
     batch, hidden, layers = 32, 512, 2
-    reserve = rnn.cudnn_sizes(
+    sizes = rnn.cudnn_sizes(
         rnn.LSTM, steps=SEQ, batch=batch, hidden=hidden, layers=layers, directions=1,
-        itemsize=F32, train=True,
-    )["reserve"]  # fmt: skip
-    assert reserve == SEQ * batch * hidden * layers * 6 * F32 == 50_331_648  # rule, unverified
+        itemsize=F32, train=True, inputs=256,
+    )  # fmt: skip
+    # as cuDNN 9.19 asked on the H200: 5 values per hidden unit, row and layer, and the
+    # first layer's output; the workspace: 16 MiB, the weight matrices, 2976 per row
+    assert sizes["reserve"] == SEQ * batch * hidden * (2 * 5 + 1) * F32 + 256 == 46_137_600
+    matrices = 4 * hidden * (256 + hidden) + 4 * hidden * (2 * hidden)
+    assert sizes["workspace"] == 16 * 2**20 + (matrices + SEQ * batch * 2976) * F32 + 256 + 8 * 32
+    assert sizes["workspace"] == 55_837_184
     assert blocks(lstm, "_cudnn_rnn.default") == [
         SEQ * batch * hidden * F32,  # output
         layers * batch * hidden * F32,  # hy
         layers * batch * hidden * F32,  # cy
-        reserve,
+        sizes["reserve"],
     ]
-    # batch-first input: the sequence-major copy, then cuDNN's workspace, freed inside
-    assert blocks(lstm, "cudnn rnn") == [SEQ * batch * 256 * F32, SEQ * batch * hidden * 4 * F32]
+    # batch-first input: the sequence-major copy (first), then cuDNN's workspace (after the
+    # states, before the reserve), freed inside
+    assert blocks(lstm, "cudnn rnn") == [SEQ * batch * 256 * F32, sizes["workspace"]]
+    # backward: zero dhy and dcy, copies of x and dy, the workspace for data, x and the
+    # workspace again for the weights
+    x, dy = SEQ * batch * 256 * F32, SEQ * batch * hidden * F32
+    zeros = layers * batch * hidden * F32
+    assert blocks(lstm, "cudnn rnn backward") == [
+        zeros, zeros, x, dy, sizes["workspace"], x, sizes["workspace"]
+    ]  # fmt: skip
 
 
 def test_lstm_reserve_lives_from_forward_to_backward(lstm):
     reserve = next(
-        b for b in lstm.blocks.values() if b.op == "_cudnn_rnn.default" and b.size == 50_331_648
+        b for b in lstm.blocks.values() if b.op == "_cudnn_rnn.default" and b.size == 46_137_600
     )
     assert (reserve.phase, reserve.freed_phase) == ("forward", "backward")
 
@@ -124,7 +138,9 @@ def test_bidirectional_lstm_with_dropout_keeps_one_dropout_state():
     states = [
         b for b in t.blocks.values() if b.kind == "workspace" and b.op == "empty.memory_format"
     ]
-    assert [b.size for b in states] == [rnn.DROPOUT_STATE_BYTES]  # made once, at first use
+    # made once, at first use: 48 KiB per multiprocessor, 6,488,064 bytes on the H200
+    assert [b.size for b in states] == [rnn.dropout_state_bytes(get_profile("h200"))]
+    assert states[0].size == 6_488_064
     batch, hidden = 16, 256
     flat = lstm_weights(256, hidden, 2, directions=2) * F32
     assert flat in blocks(t, "_cudnn_rnn_backward.default")
@@ -132,8 +148,11 @@ def test_bidirectional_lstm_with_dropout_keeps_one_dropout_state():
         SEQ * batch * 2 * hidden * F32,  # output, both directions
         4 * batch * hidden * F32,
         4 * batch * hidden * F32,
-        SEQ * batch * hidden * 2 * 2 * 6 * F32,  # reserve: 2 layers x 2 directions
+        # reserve: 2 directions x (2 layers x 5 + the first layer's output), the slack, the
+        # dropout mask between the layers (a byte per 4 values)
+        2 * SEQ * batch * hidden * 11 * F32 + 256 + SEQ * batch * 2 * hidden // 4,
     ]
+    assert blocks(t, "_cudnn_rnn.default", "forward")[3] == 23_200_000  # as on the H200
 
 
 def test_a_packed_sequence_runs_through_cudnn_with_its_real_lengths():
@@ -144,7 +163,7 @@ def test_a_packed_sequence_runs_through_cudnn_with_its_real_lengths():
     output, hy, cy, reserve = blocks(t, "_cudnn_rnn.default")
     assert output == rows * 512 * F32
     assert hy == cy == 32 * 512 * F32
-    assert reserve == SEQ * 32 * 512 * 6 * F32  # the rule's bound: every step at full batch
+    assert reserve == rows * 512 * 5 * F32 + 256 == 15_892_736  # the rows, not steps x batch
     # backward: a zero gradient of the padded input, the packed rows copied in
     assert 32 * SEQ * 256 * F32 in blocks(t, "new_zeros.default", "backward")
 
@@ -155,7 +174,9 @@ def test_a_packed_sequence_runs_through_cudnn_with_its_real_lengths():
 )
 def test_gru_and_rnn_reserve_their_rule(name, mode, hidden, layers, first_input):
     t = trace(name, 32)
-    reserve = SEQ * 32 * hidden * layers * rnn.RESERVE_PER_STEP[mode] * F32
+    per_row = layers * rnn.RESERVE_PER_ROW[mode] + layers - 1
+    reserve = SEQ * 32 * hidden * per_row * F32 + 256
+    assert reserve == {"gru": 25_166_080, "rnn_tanh": 6_291_712}[name]  # as on the H200
     assert blocks(t, "_cudnn_rnn.default")[-1] == reserve
     gates = rnn.GATES[mode]
     weights = sum(
@@ -226,15 +247,24 @@ def test_attention_with_a_boolean_mask_and_dropout():
     assert out[:2] == [batch * heads * length * head_dim * 2, block(batch * heads * length * F32)]
 
 
-def test_flex_attention_traces_without_a_scores_matrix():
+def test_flex_attention_without_compile_runs_its_eager_implementation():
     t = trace("flex_attention", 8)
     batch, heads, length, head_dim = 8, 4, 512, 64
-    # its fake rule makes the fused kernel's outputs: the output and float32 statistics; the
-    # (B, H, L, L) scores of the unfused reference never appear (unchecked on the GPU)
-    assert batch * heads * length * head_dim * F32 in blocks(t, "flex_attention")
-    assert batch * heads * length * F32 in blocks(t, "flex_attention")
-    tensors = [b.size for b in t.blocks.values() if b.kind != "workspace"]
-    assert max(tensors) < batch * heads * length * length * F32
+    scores = batch * heads * length * length * F32
+    # as on the H200: q @ k^T materialises the (B, H, L, L) scores in float32 (bmm on copies
+    # of the strided q and k), the score function and softmax each make another; backward
+    # recomputes them
+    step = [
+        b for b in t.blocks.values() if b.step == 0 and b.size == scores and b.kind != "workspace"
+    ]
+    assert [b.op for b in step][:5] == [
+        "bmm.default", "mul.Tensor", "where.self", "where.self", "_safe_softmax.default"
+    ]  # fmt: skip
+    assert blocks(t, "bmm.default").count(scores) == 3  # forward, and twice in backward
+    assert batch * heads * length * head_dim * F32 in blocks(t, "bmm.default")  # the output
+    # nothing of the first call stays alive: the step's activations are freed in backward
+    assert not [b for b in t.blocks.values() if b.step == 0 and b.kind == "activation"
+                and b.freed_step is None]  # fmt: skip
 
 
 # ---- optimizers and scaling ------------------------------------------------------------------
@@ -275,8 +305,20 @@ def _recorded_op_allocations(recording: dict, op: str) -> list[int]:
     return [e[2] for e in recording["trace"] if e[0] == alloc and e[4] == first]
 
 
+# recorded on an H200 (torch 2.11, cuDNN 9.19) and not yet within target: the estimate's error
+KNOWN_OFF: dict[str, str] = {}
+
+
+def _recorded_case(path: Path):
+    name = path.name.split("layer-")[1][: -len(".json.gz")]
+    marks = ()
+    if name in KNOWN_OFF:
+        marks = pytest.mark.xfail(strict=True, reason=f"estimate off by {KNOWN_OFF[name]}")
+    return pytest.param(path, id=name, marks=marks)
+
+
 @pytest.mark.skipif(not RECORDED, reason="no H200 recordings of the layer workloads yet")
-@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name.split("layer-")[1][:-8])
+@pytest.mark.parametrize("path", [_recorded_case(p) for p in RECORDED])
 def test_layer_estimates_match_the_h200_recordings(path):
     import gzip
     import json

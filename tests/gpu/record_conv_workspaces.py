@@ -118,8 +118,12 @@ def child(case_name: str, out: Path, steps: int) -> int:
     lock = threading.Lock()
 
     class TagOps(TorchDispatchMode):
+        # higher-order operators (flex_attention) pass through as one op, run eagerly
+        supports_higher_order_operators = True
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
+            packet = getattr(func, "overloadpacket", None)
+            name = packet.__name__ if packet is not None else str(getattr(func, "__name__", func))
             with lock:
                 index = len(ops)
                 thread = "main" if threading.get_ident() == main_thread else "autograd"

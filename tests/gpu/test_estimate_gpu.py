@@ -44,7 +44,6 @@ def test_validate_compares_estimate_and_measurement(tmp_path: Path):
             "--gpu",
             gpu,
             "--validate",
-            "-q",
             "--json",
             str(out),
         ],

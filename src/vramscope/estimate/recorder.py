@@ -149,18 +149,40 @@ class Recorder:
             if before is not None:
                 self._move_before(before)
 
-    def scratch(self, sizes: list[int], kind: str, op: str, before: Any = None) -> None:
-        """Buffers a kernel holds at once and frees before it returns (allocated in order,
-        freed in reverse). ``before``: an output the kernel allocates after them."""
-        sizes = [size for size in sizes if size > 0]
-        if not self.recording or not sizes:
+    def kernel_sequence(self, plan: list[tuple[Any, ...]], kind: str, op: str) -> None:
+        """A kernel's outputs and internal buffers in the order it allocates and frees them.
+        ``plan``: ``("out", tensor)`` where that output's allocation (recorded already, among
+        the op's latest events) goes, ``("alloc", name, size)`` and ``("free", name)`` for a
+        buffer of the kernel (none when ``size`` is 0)."""
+        if not self.recording:
             return
         with self.lock:
-            blocks = [self._alloc(size, kind, op) for size in sizes]
-            for bid in reversed(blocks):
-                self._free(bid)
-            if before is not None:
-                self._move_before(before, 2 * len(blocks))
+            wanted = []
+            for item in plan:
+                if item[0] == "out" and item[1] is not None:
+                    entry = self.live.get(item[1].untyped_storage()._cdata)
+                    wanted.append(entry[0] if entry is not None else None)
+            taken: dict[int, tuple[Any, ...]] = {}
+            tail = len(self.events)
+            for i in range(tail - 1, max(-1, tail - 4 * len(plan) - 8), -1):
+                event = self.events[i]
+                if event[0] == "alloc" and event[1] in wanted and event[1] not in taken:
+                    taken[event[1]] = event
+                    del self.events[i]
+            bids: dict[str, int] = {}
+            outputs = iter(wanted)
+            for item in plan:
+                if item[0] == "out":
+                    if item[1] is None:
+                        continue
+                    event = taken.get(next(outputs))
+                    if event is not None:
+                        self.events.append(event)
+                elif item[0] == "alloc":
+                    if item[2] > 0:
+                        bids[item[1]] = self._alloc(item[2], kind, op)
+                elif item[1] in bids:
+                    self._free(bids.pop(item[1]))
 
     def _move_before(self, tensor: Any, count: int = 2) -> None:
         """Move the last ``count`` events (transients' allocations and frees) before the

@@ -15,12 +15,46 @@ the cuDNN path on both, without cuDNN:
   state cached for the process, and under CUDA autocast the weights re-flattened into a new
   float16 buffer at every call (``AutocastRNN.cpp``: always float16, even in bf16-mixed);
 * :data:`KERNELS` make the outputs of ``aten._cudnn_rnn`` and ``aten._cudnn_rnn_backward``
-  with the shapes RNN.cpp gives them, and :func:`scratch` the buffers each allocates and
-  frees inside (the batch-first copies, zero gradients, cuDNN's workspace).
+  with the shapes RNN.cpp gives them, and :func:`scratch` puts the buffers each allocates and
+  frees inside among them, in RNN.cpp's order (below).
 
-The sizes cuDNN itself chooses (weight space, reserve, workspace, dropout state) come from
-:func:`cudnn_sizes`, a rule by layer shape that is **not yet checked against a GPU**; the
-H200 recordings of ``tests/gpu/record_rnn.py`` are what it is to be calibrated on.
+The sizes cuDNN itself chooses (:func:`cudnn_sizes`, :func:`dropout_state_bytes`) were
+measured on an NVIDIA H200 with cuDNN 9.19 (torch 2.11): every allocation of 3 training steps
+of the 7 recurrent workloads of ``tests/layer_workloads.py`` (``tests/data/op_trace_h200_
+layer-*.json.gz``: LSTM of 1 and 2 layers, hidden 256 and 512, batch 16 to 64, 64 steps,
+float32 and float16, bidirectional with dropout, a packed sequence, inference; a GRU and a
+tanh RNN). cuDNN documents no formula; what the recordings show:
+
+* **reserve** (training only; from forward to the end of backward): per layer, direction
+  and *row* (one time step of one sequence: a packed sequence has fewer rows than steps x
+  batch) ``RESERVE_PER_ROW`` values of the hidden size -- LSTM 5, GRU 6, RNN 1 -- and for each
+  layer but the last its output, in the input's dtype, plus 256 bytes; with dropout, a byte
+  per 4 values of each inner layer's output. This reproduces all 6 recorded reserves to the
+  byte. The GRU's 6 is from one layer, the dropout term from one workload, the ReLU RNN is
+  taken as the tanh one: extrapolated.
+* **workspace** (forward, backward data and backward weights each allocate one and free it
+  before returning; inference too): 16 MiB, a copy of the weight matrices (no biases) and a
+  per-row part, in the input's dtype, plus 256 bytes and, for padded sequences, 8 bytes per
+  sequence. Float16 against float32 and batch 32 against 64 separate the 16 MiB, the
+  matrices and a part proportional to rows (cuDNN gives the same workspace in training and
+  inference). The per-row part is not a clean function of the shapes: 2,976 elements per row
+  for the 2-layer LSTM of hidden 512, 4,064 per direction for the bidirectional one of hidden
+  256, 4,144 for the 2-layer tanh RNN of hidden 256, 1,576 for the 1-layer GRU of hidden 512,
+  1.125 x hidden per step x batch for the packed 1-layer LSTM (``WORKSPACE_PER_ROW``). Other
+  shapes take the nearest measured one (same mode and layer count first; a packed GRU or RNN
+  scales the LSTM's by its gates): for an unmeasured shape the 16 MiB and the matrices
+  hold, the per-row part is an extrapolation that may be off by tens of percent.
+* **dropout state**: 48 KiB per multiprocessor (curand states of 1024 threads), 6,488,064
+  bytes on the H200's 132; made at the first call with dropout and cached for the process.
+
+Their timing, as recorded: ``_cudnn_rnn`` allocates the contiguous sequence-major copy of
+the input (batch-first or non-contiguous input), the output, hy, cy, the flat weights when
+they are not (a copy at every call), the workspace, the reserve; then frees the workspace
+and the copy. ``_cudnn_rnn_backward`` makes zeros for missing gradients of hy and cy (kept
+to its end), then for the data pass copies of x and dy (where not contiguous), dx, dhx,
+dcx, the workspace, freeing the workspace and the copies; for the weights pass x's copy
+again, the weight gradients' flat buffer, the workspace again. With these, the 7 recorded
+workloads' peaks are within 1.1 % (the rest is the caching allocator's choice of blocks).
 """
 
 from __future__ import annotations
@@ -37,17 +71,61 @@ if TYPE_CHECKING:
     from vramscope.estimate.recorder import Recorder
 
 aten = torch.ops.aten
+MiB = 1 << 20
 # cuDNN's cudnnRNNMode_t, as torch passes it to _cudnn_rnn
 RNN_RELU, RNN_TANH, LSTM, GRU = 0, 1, 2, 3
 MODES = {"rnn_relu": RNN_RELU, "rnn_tanh": RNN_TANH, "lstm": LSTM, "gru": GRU}
 GATES = {RNN_RELU: 1, RNN_TANH: 1, LSTM: 4, GRU: 3}
-# Values cuDNN keeps per layer, direction, time step and sequence, in hidden-size units, for
-# backward: the gates, and for LSTM the cell state, for GRU the reset-gated recurrent term,
-# and the layer's output (the next layer's input). UNVERIFIED: to be calibrated on the H200.
-RESERVE_PER_STEP = {RNN_RELU: 2, RNN_TANH: 2, LSTM: 6, GRU: 5}
-# "Each state is slightly over 2MB" (RNN.cpp, get_dropout_state). UNVERIFIED.
-DROPOUT_STATE_BYTES = 2 << 20
+# Values the reserve keeps per layer, direction and row (a sequence's time step), in
+# hidden-size units: LSTM 5 (the 4 gates and the cell state), GRU 6, RNN 1 (measured; the ReLU
+# RNN taken as the tanh one). Each layer but the last keeps its output besides (1 more).
+RESERVE_PER_ROW = {RNN_RELU: 1, RNN_TANH: 1, LSTM: 5, GRU: 6}
+RESERVE_SLACK = 256  # bytes cuDNN adds to the reserve, and to the workspace
+# The dropout state: 48-byte random-number states of 1024 threads per multiprocessor
+DROPOUT_STATE_PER_SM = 48 * 1024
+# The workspace beyond its 16 MiB and a copy of the weight matrices: elements per row and
+# direction, measured at these (mode, several layers, hidden size) (padded sequences; a
+# packed one is in WORKSPACE_PER_ROW_PACKED). Other shapes take the nearest measured hidden
+# size of their mode and layer count, then of any mode with their layer count: extrapolated.
+WORKSPACE_PER_ROW = {
+    (LSTM, True, 256): 4064,
+    (LSTM, True, 512): 2976,
+    (GRU, False, 512): 1576,
+    (RNN_TANH, True, 256): 4144,
+}
+# packed sequences (one LSTM layer, hidden 512): per (time steps x largest batch), per unit
+# of hidden size; other modes scaled by their gates (extrapolated)
+WORKSPACE_PER_ROW_PACKED = 576 / 512
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.float64)
+
+
+def dropout_state_bytes(profile: GpuProfile) -> int:
+    """``cudnnDropoutGetStatesSize``: 6,488,064 bytes on the H200's 132 multiprocessors."""
+    return DROPOUT_STATE_PER_SM * profile.multiprocessors
+
+
+def weight_matrices(mode: int, *, inputs: int, hidden: int, layers: int, directions: int) -> int:
+    """Elements of the input and recurrent weight matrices of every layer (no biases)."""
+    total = 0
+    for layer in range(layers):
+        width = inputs if layer == 0 else hidden * directions
+        total += directions * GATES[mode] * hidden * (width + hidden)
+    return total
+
+
+def _workspace_per_row(mode: int, hidden: int, layers: int) -> float:
+    """Elements of the workspace per row and direction (``WORKSPACE_PER_ROW``)."""
+    several = layers > 1
+    mode = RNN_TANH if mode == RNN_RELU else mode
+    for keys in (
+        [k for k in WORKSPACE_PER_ROW if k[:2] == (mode, several)],
+        [k for k in WORKSPACE_PER_ROW if k[1] == several],
+        list(WORKSPACE_PER_ROW),
+    ):
+        if keys:
+            key = min(keys, key=lambda k: (abs(k[2] - hidden), k[2]))
+            return WORKSPACE_PER_ROW[key]
+    return 0.0  # pragma: no cover
 
 
 def cudnn_sizes(
@@ -60,14 +138,37 @@ def cudnn_sizes(
     directions: int,
     itemsize: int,
     train: bool,
+    inputs: int | None = None,
+    rows: int | None = None,
+    packed: bool = False,
+    dropout: bool = False,
 ) -> dict[str, int]:
-    """Bytes cuDNN asks for: ``reserve`` (kept from forward to backward while training) and
-    ``workspace`` (inside each call: the input projections of all time steps of one layer,
-    all gates)."""
-    per_step = steps * batch * hidden * directions * itemsize
+    """Bytes ``cudnnGetRNNTempSpaceSizes`` gives (cuDNN 9.19 on an H200): ``reserve`` (kept
+    from forward to backward while training) and ``workspace`` (inside each call: forward,
+    backward data and backward weights each take one of this size). ``rows``: the sequence
+    steps of all sequences (the sum of a packed sequence's batch sizes; steps x batch
+    otherwise); ``inputs``: the first layer's input size (the hidden size if not given)."""
+    rows = steps * batch if rows is None else rows
+    inputs = hidden if inputs is None else inputs
+    values = directions * rows * hidden
+    reserve = 0
+    if train:
+        per_row = layers * RESERVE_PER_ROW[mode] + layers - 1
+        reserve = values * per_row * itemsize + RESERVE_SLACK
+        if dropout and layers > 1:  # the dropout mask between layers
+            reserve += (layers - 1) * values // 4
+    matrices = weight_matrices(
+        mode, inputs=inputs, hidden=hidden, layers=layers, directions=directions
+    )
+    if packed:
+        per_step = WORKSPACE_PER_ROW_PACKED * hidden * GATES[mode] / 4
+        scratch, slack = int(steps * batch * directions * per_step), RESERVE_SLACK
+    else:
+        scratch = int(rows * directions * _workspace_per_row(mode, hidden, layers))
+        slack = RESERVE_SLACK + 8 * batch  # and per sequence, its length in and out
     return {
-        "reserve": per_step * layers * RESERVE_PER_STEP[mode] if train else 0,
-        "workspace": per_step * GATES[mode],
+        "reserve": reserve,
+        "workspace": 16 * MiB + (matrices + scratch) * itemsize + slack,
     }
 
 
@@ -89,9 +190,11 @@ def _call_sizes(
     bidirectional: bool,
     batch_sizes: Any,
     train: bool,
+    dropout: float = 0.0,
 ) -> dict[str, int]:
     """:func:`cudnn_sizes` for one call of the ops below."""
-    steps, batch, _ = _layout(input, batch_first, batch_sizes)
+    steps, batch, inputs = _layout(input, batch_first, batch_sizes)
+    packed = bool(len(batch_sizes))
     return cudnn_sizes(
         rnn_mode,
         steps=steps,
@@ -101,6 +204,10 @@ def _call_sizes(
         directions=2 if bidirectional else 1,
         itemsize=input.element_size(),
         train=train,
+        inputs=inputs,
+        rows=int(sum(int(n) for n in batch_sizes)) if packed else None,
+        packed=packed,
+        dropout=train and dropout > 0,
     )
 
 
@@ -149,7 +256,7 @@ def cudnn_rnn(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         device,
     )
     sizes = _call_sizes(
-        input, rnn_mode, hidden, layers, batch_first, bidirectional, batch_sizes, train
+        input, rnn_mode, hidden, layers, batch_first, bidirectional, batch_sizes, train, args[11]
     )
     reserve = _empty(mode, (sizes["reserve"],), torch.uint8, device)
     if weight_buf is None:  # weights not in one buffer: copied into a new one at every call
@@ -182,16 +289,34 @@ KERNELS = {aten._cudnn_rnn.default: cudnn_rnn, aten._cudnn_rnn_backward.default:
 
 
 def scratch(recorder: Recorder, func: Any, args: tuple[Any, ...], out: Any) -> None:
-    """What the two ops allocate and free inside, recorded after their outputs."""
+    """What the two ops allocate and free inside, in RNN.cpp's order around their outputs
+    (as the H200 recordings show it)."""
     if func is aten._cudnn_rnn.default:
         input, batch_first, train = args[0], args[10], args[12]
         hidden, layers, bidirectional, batch_sizes = args[7], args[9], args[13], args[14]
-        sizes = _call_sizes(
+        workspace = _call_sizes(
             input, args[6], hidden, layers, batch_first, bidirectional, batch_sizes, train
+        )["workspace"]
+        x = _copy_bytes(input, batch_first and not len(batch_sizes))
+        output, hy, cy, reserve, weight_buf = out
+        # x made sequence-major and contiguous, the outputs, the weights copied into one
+        # buffer if they were not (made here), the workspace, the reserve; the workspace is
+        # freed after the call, then x
+        recorder.kernel_sequence(
+            [
+                ("alloc", "x", x),
+                ("out", output),
+                ("out", hy),
+                ("out", cy),
+                ("out", weight_buf if args[3] is None else None),
+                ("alloc", "workspace", workspace),
+                ("out", reserve),
+                ("free", "workspace"),
+                ("free", "x"),
+            ],
+            "temporary",
+            "cudnn rnn",
         )
-        copy = _nbytes(input) if batch_first and not len(batch_sizes) else 0
-        # the sequence-major copy of a batch-first input, then cuDNN's workspace
-        recorder.scratch([copy, sizes["workspace"]], "temporary", "cudnn rnn", before=out[3])
         return
     input, hx, cx, output = args[0], args[4], args[5], args[6]
     grad_output, grad_hy, grad_cy = args[7:10]
@@ -202,22 +327,52 @@ def scratch(recorder: Recorder, func: Any, args: tuple[Any, ...], out: Any) -> N
     workspace = _call_sizes(
         input, args[10], hidden, layers, batch_first, bidirectional, batch_sizes, True
     )["workspace"]
-    zeros = [
-        _nbytes(output) if grad_output is None else 0,
-        _nbytes(hx) if grad_hy is None else 0,
-        _nbytes(cx) if cx is not None and grad_cy is None else 0,
+    sequence_major = batch_first and not len(batch_sizes)
+    x = _copy_bytes(input, sequence_major)
+    dy = _copy_bytes(grad_output, sequence_major) if grad_output is not None else 0
+    dx, dhx, dcx, grads = out
+    weights = grads[0] if grads and grads[0] is not None else None
+    plan: list[tuple[Any, ...]] = [
+        # the missing gradients as zeros, kept to the end of the op
+        ("alloc", "dy zeros", _nbytes(output) if grad_output is None else 0),
+        ("alloc", "dhy zeros", _nbytes(hx) if grad_hy is None else 0),
+        ("alloc", "dcy zeros", _nbytes(cx) if cx is not None and grad_cy is None else 0),
+        # backward data: x and dy contiguous and sequence-major, dx, dhx, dcx, the workspace
+        ("alloc", "x", x),
+        ("alloc", "dy", dy),
+        ("out", dx),
+        ("out", dhx),
+        ("out", dcx),
+        ("alloc", "workspace", workspace),
+        ("free", "workspace"),
+        ("free", "dy"),
+        ("free", "x"),
     ]
-    copies = batch_first and not len(batch_sizes)
-    x_copy = _nbytes(input) if copies else 0
-    dy_copy = _nbytes(output) if copies else 0
-    weight_grads = out[3][0] if out[3] and out[3][0] is not None else None
-    # backward data: the missing gradients as zeros, the sequence-major copies of x and dy,
-    # the workspace; before the weight gradients' buffer is made
-    recorder.scratch(
-        [*zeros, x_copy, dy_copy, workspace], "temporary", "cudnn rnn backward", weight_grads
-    )
-    # backward weights: x again and the workspace, the weight gradients' buffer alive
-    recorder.scratch([x_copy, workspace], "temporary", "cudnn rnn backward")
+    if weights is not None:
+        # backward weights: x again, the weight gradients' buffer, the workspace again
+        plan += [
+            ("alloc", "x again", x),
+            ("out", weights),
+            ("alloc", "workspace again", workspace),
+            ("free", "workspace again"),
+            ("free", "x again"),
+        ]
+    plan += [("free", "dcy zeros"), ("free", "dhy zeros"), ("free", "dy zeros")]
+    recorder.kernel_sequence(plan, "temporary", "cudnn rnn backward")
+
+
+def _copy_bytes(t: Any, transposed: bool) -> int:
+    """Bytes of the contiguous copy RNN.cpp makes of ``t`` (sequence-major if
+    ``transposed``), 0 where it is contiguous already."""
+    sizes, strides = list(t.shape), list(t.stride())
+    if transposed:
+        sizes[:2], strides[:2] = sizes[1::-1], strides[1::-1]
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
+        if size != 1 and stride != expected:
+            return _nbytes(t)
+        expected *= size
+    return 0
 
 
 def _nbytes(t: Any) -> int:
@@ -355,7 +510,7 @@ class CudnnRnns(TorchFunctionMode):
         if train and dropout > 0:
             if self.dropout_state is None:  # cached for the process, made at first use
                 self.dropout_state = torch.empty(
-                    DROPOUT_STATE_BYTES, dtype=torch.uint8, device=input.device
+                    dropout_state_bytes(self.profile), dtype=torch.uint8, device=input.device
                 )
                 self.recorder.retag(self.dropout_state.untyped_storage(), "workspace")
             dropout_state = self.dropout_state

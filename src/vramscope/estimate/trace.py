@@ -23,6 +23,7 @@ mode that joins them and the run of the workload's steps.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import threading
@@ -30,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch._C import DispatchKey
 from torch._subclasses.fake_tensor import (
     _DISPATCH_META_HANDLERS,
     DataDependentOutputException,
@@ -89,6 +91,7 @@ _KEY_CHECKED: dict[Any, int] = {}  # op -> calls compared so far
 _LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
 _FUSED_SDP_CHOICE = aten._fused_sdp_choice.default
 _EQUAL = aten.equal.default
+_COMPOSITE: dict[Any, bool] = {}  # op -> has a CompositeImplicitAutograd kernel
 _MISS = object()  # not a plain cache hit (TracingMode._cache_hit)
 # FakeTensors of cache hits made without the Python constructor (TracingMode._wrap_meta)
 _WRAP_CHECKS = 8  # wraps per mode and device compared with the constructor's
@@ -257,6 +260,18 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
             return self._scalar(args[0])
         if func is _FUSED_SDP_CHOICE:
             return kernels.choose_sdpa_backend(self.profile, self.recorder, *args, **kwargs)
+        local = self._local
+        if getattr(local, "eager", False) and not getattr(local, "depth", 0):
+            composite = _COMPOSITE.get(func)
+            if composite is None:
+                composite = _COMPOSITE[func] = torch._C._dispatch_has_kernel_for_dispatch_key(
+                    func.name(), DispatchKey.CompositeImplicitAutograd
+                )
+            if composite:
+                with self:
+                    out = func.decompose(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
         if func is _EQUAL:
             shadow = self._shadow_args(args)
             if shadow is not None:
@@ -265,7 +280,6 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
             self._note_data_dependent("aten.equal", None)
             return True
         own = rnn.KERNELS.get(func)
-        local = self._local
         depth = getattr(local, "depth", 0)
         local.depth = depth + 1
         try:
@@ -473,11 +487,62 @@ def _module_stack(recorder: Recorder, names: dict[int, str]) -> Iterator[None]:
 def _share_higher_order_rules() -> None:
     """Higher-order ops (``flex_attention`` and its backward, ``cond``, ...) look their fake
     rule up by the mode's exact class: the tracing mode takes ``FakeTensorMode``'s, which
-    makes the outputs only (FlexAttention's output and logsumexp, as its fused kernel)."""
+    makes the outputs only. The ops in ``_EAGER_HIGHER_ORDER`` run as a GPU runs them
+    without ``torch.compile``: their eager implementation, op by op (:func:`_run_eagerly`)."""
     for op in list(getattr(torch._ops, "_higher_order_ops", {}).values()):
         table = getattr(op, "python_key_table", None)
-        if isinstance(table, dict) and FakeTensorMode in table and TracingMode not in table:
+        if not isinstance(table, dict) or TracingMode in table:
+            continue
+        eager = getattr(op, "py_kernels", {}).get(DispatchKey.CompositeExplicitAutograd)
+        if getattr(op, "_name", None) in _EAGER_HIGHER_ORDER and eager is not None:
+            table[TracingMode] = functools.partial(_run_eagerly, eager)
+        elif FakeTensorMode in table:
             table[TracingMode] = table[FakeTensorMode]
+
+
+# Higher-order ops that a GPU runs through their eager implementation when not compiled:
+# FlexAttention's materialises the (B, H, L, L) scores in float32 and, in backward,
+# recomputes them (``sdpa_dense``, ``sdpa_dense_backward``)
+_EAGER_HIGHER_ORDER = frozenset({"flex_attention", "flex_attention_backward"})
+
+
+def _run_eagerly(eager: Any, mode: TracingMode, *args: Any, **kwargs: Any) -> Any:
+    """A higher-order op's eager implementation under the tracing mode: every op it runs is
+    recorded, and composite ops (``matmul``, ``to``), which reach the mode there because
+    the op runs below autograd, are decomposed into the ops a GPU runs (the copies that
+    ``reshape`` makes for ``bmm``, the cuBLAS workspace of the thread)."""
+    local = mode._local
+    previous = getattr(local, "eager", False)
+    local.eager = True
+    try:
+        with mode:
+            return eager(*args, **kwargs)
+    finally:
+        local.eager = previous
+
+
+@contextlib.contextmanager
+def _flex_attention_uncompiled() -> Iterator[None]:
+    """``flex_attention`` called without ``torch.compile`` wraps its higher-order op in
+    ``torch.compile(backend="eager")`` only to capture the score function as a graph; the op
+    then runs its eager implementation. Dynamo would keep the first call's inputs (here fake
+    tensors of the trace) alive in its cache, where a GPU's run keeps only Dynamo's own fake
+    copies: the op is called directly instead, as torch's debugging switch does (the same
+    ops, the same memory)."""
+    module = sys.modules.get("torch.nn.attention.flex_attention")
+    if module is None:
+        with contextlib.suppress(ImportError):
+            import torch.nn.attention.flex_attention as module
+    name = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
+    if module is None or not hasattr(module, name):
+        yield
+        return
+    previous = getattr(module, name)
+    setattr(module, name, True)
+    try:
+        yield
+    finally:
+        setattr(module, name, previous)
 
 
 def trace_workload(
@@ -508,6 +573,7 @@ def trace_workload(
         mode,
         kernels.AttentionKernels(profile, recorder),
         rnn.CudnnRnns(profile, recorder, mode.shadows),
+        _flex_attention_uncompiled(),
     ):
         from vramscope.workload import build_workload
 

@@ -149,6 +149,7 @@ class Recorder:
         self.stack: list[int] = []
         self._handles: list[Any] = []
         self._node_handles: list[Any] = []
+        self._backward_hooks: dict[int, Callable[[Any], None]] = {}
         self._censuses: list[list[list[Any]]] = []
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._grad_censuses = 0
@@ -448,14 +449,22 @@ class Recorder:
         ):
             tensor = _first_grad_tensor(output)
             if tensor is not None:  # the gradient reaching this output is a backward marker
-                recorder = self
+                hook = self._backward_hooks.get(index)
+                if hook is None:
+                    hook = self._backward_hooks[index] = self._backward_hook(index)
+                try:  # noqa: SIM105 (cheaper than contextlib.suppress on every call)
+                    self._node_handles.append(tensor.grad_fn.register_prehook(hook))
+                except Exception:  # a node that takes no hooks: no marker of its own
+                    pass
 
-                def reached(grad_outputs: Any, index: int = index) -> None:
-                    if recorder.active:
-                        recorder.mark([BACKWARD, index])
+    def _backward_hook(self, index: int) -> Callable[[Any], None]:
+        """The hook marking where the gradient reaches module ``index``'s output (made once)."""
 
-                with contextlib.suppress(Exception):
-                    self._node_handles.append(tensor.grad_fn.register_prehook(reached))
+        def reached(grad_outputs: Any) -> None:
+            if self.active:
+                self.mark([BACKWARD, index])
+
+        return reached
 
     def on_root(self, module: torch.nn.Module) -> None:
         """The session saw a model's outermost call: mark its modules down to the depth."""

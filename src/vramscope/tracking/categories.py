@@ -71,9 +71,10 @@ def _storage_on(tensor: torch.Tensor | None, device_type: str) -> torch.UntypedS
 
 def full_gradient_bytes(models: Iterable[torch.nn.Module], device_type: str) -> int:
     """What the gradients of every trainable parameter take once all exist (each storage
-    once; frozen parameters have none)."""
-    seen: set[int] = set()
-    total = 0
+    once; frozen parameters have none). Parameters that are views of one storage (FSDP1's
+    original parameters in its flat parameter) count each distinct view, the storage's
+    bytes at most: one gradient buffer holds them all."""
+    views: dict[int, tuple[int, set[tuple[int, int]]]] = {}
     for model in models:
         for p in model.parameters():
             if not p.requires_grad:
@@ -81,12 +82,12 @@ def full_gradient_bytes(models: Iterable[torch.nn.Module], device_type: str) -> 
             storage = _storage_on(p, device_type)
             if storage is None:
                 continue
-            key = storage.data_ptr()
-            if key in seen:
-                continue
-            seen.add(key)
             local = local_tensor(p)
-            total += block_bytes(local.numel() * local.element_size(), device_type)
+            entry = views.setdefault(storage.data_ptr(), (storage.nbytes(), set()))
+            entry[1].add((local.storage_offset(), local.numel() * local.element_size()))
+    total = 0
+    for storage_bytes, spans in views.values():
+        total += block_bytes(min(storage_bytes, sum(size for _, size in spans)), device_type)
     return total
 
 

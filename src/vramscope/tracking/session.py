@@ -479,9 +479,6 @@ class Session:
             self._phase_bands.append((name, step.index, phase.start_s - self._t0, now - self._t0))
         else:
             self._dropped_bands += 1
-        if name == "optimizer" and self._census_due:
-            self._census_due = False
-            self._count_objects()
 
     def _peak_outside_phases(self, light: _Light) -> None:
         _allocated, peak_allocated, peak_reserved, raw = light
@@ -645,6 +642,11 @@ class Session:
     def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None:
         if self._step is not None:
             self._step.saw_optimizer = True
+        if self._census_due and self._running:
+            # a new optimizer's state exists once its first step has ended (not when the
+            # optimizer phase closes: a closure's forward and backward run inside the step)
+            self._census_due = not optimizer.state
+            self._count_objects()
 
     def on_zero_grad(self) -> None:
         if not self._running:
