@@ -91,15 +91,19 @@ RECORDINGS = (
     ),
     Recording(
         "fit-seq-len",
-        ("fit", "hf:llama-1b/lora=8", "--seq-len", "-b", "8", "--gpu", "rtx4090")
-        + ("--precision", "bf16-true"),
+        (
+            *("fit", "hf:llama-1b/lora=8", "--seq-len", "-b", "8"),
+            *("--gpu", "rtx4090", "--precision", "bf16-true"),
+        ),
     ),
     Recording("compare", ("compare", "example:cnn", "-b", "64")),
     Recording(
         "compare-lora",
-        ("compare", "hf:llama-1b/seq=1024", "-b", "4", "--gpu", "rtx4090")
-        + ("--precision", "bf16-true")
-        + ("--strategies", "checkpointing,lora-r8,lora-r64,lora-r8+checkpointing"),
+        (
+            *("compare", "hf:llama-1b/seq=1024", "-b", "4", "--gpu", "rtx4090"),
+            *("--precision", "bf16-true"),
+            *("--strategies", "checkpointing,lora-r8,lora-r64,lora-r8+checkpointing"),
+        ),
     ),
     Recording("report-h200", ("report", "tests/data/report_h200_gpt.json")),
     Recording(

@@ -117,28 +117,35 @@ def _parse(name: str, library: str) -> tuple[str, str, dict[str, str]]:
     opts: dict[str, str] = {}
     allowed = _OPTIONS[library]
     for option in options:
-        key, eq, value = option.partition("=")
+        key, _, value = option.partition("=")
         if key not in allowed:
             known = ", ".join(f"/{k}=N" if k in _WHOLE_NUMBER_OPTIONS else f"/{k}" for k in allowed)
             raise WorkloadError(
                 f"unknown option {('/' + option)!r} in {f'{library}:{name}'!r}; "
                 f"{library} takes {known}"
             )
-        if key in _WHOLE_NUMBER_OPTIONS and not (
-            value.isascii() and value.isdigit() and len(value) <= 8 and int(value) > 0
-        ):
-            raise WorkloadError(
-                f"/{key} takes a whole number of 1 or more, like /{key}=512, not {value!r}"
-            )
-        if key == "ckpt" and eq:
-            raise WorkloadError(f"/ckpt takes no value (got {('/' + option)!r})")
-        if key == "attn" and not value:
-            raise WorkloadError("/attn takes a name, like /attn=eager or /attn=sdpa")
+        _check_option(option, _WHOLE_NUMBER_OPTIONS)
         opts[key] = value
     optim = optim or "adamw"
     if optim not in OPTIMIZERS:
         raise WorkloadError(f"unknown optimizer {optim!r}; use one of {', '.join(OPTIMIZERS)}")
     return model, optim, opts
+
+
+def _check_option(option: str, whole_numbers: tuple[str, ...]) -> None:
+    """The checks every library's options share: whole numbers, /ckpt without a value,
+    /attn with a name."""
+    key, eq, value = option.partition("=")
+    if key in whole_numbers and not (
+        value.isascii() and value.isdigit() and len(value) <= 8 and int(value) > 0
+    ):
+        raise WorkloadError(
+            f"/{key} takes a whole number of 1 or more, like /{key}=512, not {value!r}"
+        )
+    if key == "ckpt" and eq:
+        raise WorkloadError(f"/ckpt takes no value (got {('/' + option)!r})")
+    if key == "attn" and not value:
+        raise WorkloadError("/attn takes a name, like /attn=eager or /attn=sdpa")
 
 
 def _workload(
@@ -312,23 +319,14 @@ def parse_hf(name: str) -> HfSpec:
         )
     opts: dict[str, str] = {}
     for option in options:
-        key, eq, value = option.partition("=")
+        key, _, value = option.partition("=")
         if key not in HF_OPTIONS:
             raise WorkloadError(
                 f"unknown option {('/' + option)!r} in {f'hf:{name}'!r}; hf takes /seq=N, "
                 "/ckpt, /attn=NAME, /lora[=R], /targets=NAMES and, with @generate, /prompt=N, "
                 "/new=N, /cache=dynamic|static"
             )
-        if key in ("seq", "prompt", "new") and not (
-            value.isascii() and value.isdigit() and len(value) <= 8 and int(value) > 0
-        ):
-            raise WorkloadError(
-                f"/{key} takes a whole number of 1 or more, like /{key}=512, not {value!r}"
-            )
-        if key == "ckpt" and eq:
-            raise WorkloadError(f"/ckpt takes no value (got {('/' + option)!r})")
-        if key == "attn" and not value:
-            raise WorkloadError("/attn takes a name, like /attn=eager or /attn=sdpa")
+        _check_option(option, ("seq", "prompt", "new"))
         if key == "lora":
             from vramscope.lora import parse_rank
 

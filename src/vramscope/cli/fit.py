@@ -3,6 +3,8 @@ longest sequence, with ``--seq-len``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from vramscope.cli.common import check_paths, emit, output_options, say, tuning_options
@@ -80,6 +82,15 @@ def command(
     def progress(message: str) -> None:
         say(f"vramscope fit: {message}", quiet)
 
+    common: dict[str, Any] = {
+        "gpu": gpu,
+        "budget": budget,
+        "margin": margin,
+        "precision": precision,
+        "accumulate": accumulate,
+        "allocator_config": allocator_config,
+        "progress": progress,
+    }
     if seq_len:
         if verify or effective_batch:
             raise VramscopeError(
@@ -87,16 +98,7 @@ def command(
                 f"{'--verify' if verify else '--effective-batch'}"
             )
         report = fit_sequence(
-            workload,
-            gpu=gpu,
-            budget=budget,
-            margin=margin,
-            batch_size=batch_size or 1,
-            max_seq_len=max_seq_len,
-            precision=precision,
-            accumulate=accumulate,
-            allocator_config=allocator_config,
-            progress=progress,
+            workload, batch_size=batch_size or 1, max_seq_len=max_seq_len, **common
         )
         emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)
         return
@@ -115,15 +117,9 @@ def command(
             )
     report = fit(
         workload,
-        gpu=gpu,
-        budget=budget,
-        margin=margin,
         max_batch_size=max_batch_size,
-        precision=precision,
-        accumulate=accumulate,
-        allocator_config=allocator_config,
         effective_batch=effective_batch,
         verify=verify,
-        progress=progress,
+        **common,
     )
     emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)
