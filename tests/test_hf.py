@@ -304,6 +304,10 @@ def test_lora_freezes_the_model_and_trains_the_adapters_alone(tiny):
     assert root["gradients_bytes"] < 2 * adapter_bytes
     assert root["optimizer_state_bytes"] < 4 * adapter_bytes
     assert root["parameters_bytes"] > 10 * root["gradients_bytes"]
+    trained = sum(p.numel() for p in trainable.values())
+    assert f"{trained:,} of {report.workload['parameters']:,} parameters train" in " ".join(
+        report.extra["estimate"]["notes"]
+    )
 
 
 def test_compare_runs_full_fine_tuning_against_lora_and_lora_with_checkpointing(tiny):

@@ -606,7 +606,10 @@ def trace_workload(
         params = list(workload.model.parameters())
         parameters = sum(p.numel() for p in params)
         parameter_bytes = sum(p.numel() * p.element_size() for p in params)
+        trained = sum(p.numel() for p in params if p.requires_grad)
         del params
+        if workload.training and 0 < trained < parameters:
+            recorder.notes.append(_frozen_note(trained, parameters))
         recorder.set_phase("setup", -2)
         try:
             runner = StepRunner(workload, CUDA)
@@ -678,6 +681,14 @@ def trace_workload(
     )
     # generate() calls cut short: the decoding steps they skipped, written in
     return generating.expanded(trace)
+
+
+def _frozen_note(trained: int, parameters: int) -> str:
+    """A training step that leaves most weights alone (LoRA adapters, a frozen backbone)."""
+    return (
+        f"{trained:,} of {parameters:,} parameters train ({trained / parameters:.2%}); the "
+        "others are frozen: no gradients, no optimizer state"
+    )
 
 
 def _explain_build_error(exc: WorkloadError, spec: str) -> VramscopeError:
