@@ -37,8 +37,8 @@ from suite import ROOT, SUITE, Case  # noqa: E402
 
 COLUMNS = ("allocated", "reserved", "device_used")
 TARGETS = {  # column: (median, p90) of |error| in %
-    "allocated": (2.0, 5.0),
-    "reserved": (3.0, 8.0),
+    "allocated": (1.0, 3.0),
+    "reserved": (2.0, 5.0),
     "device_used": (3.0, None),
 }
 RESERVED_UNDER_LIMIT_PCT = 5.0
