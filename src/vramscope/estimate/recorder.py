@@ -65,6 +65,8 @@ class Trace:
     # of memory (0: a variant without the buffer), tried in order: cuDNN's workspaces. The
     # variant that ran is kept for later calls with the same key (torch caches cuDNN plans).
     fallbacks: dict[int, tuple[Any, tuple[int, ...]]] = field(default_factory=dict)
+    # device memory outside the caching allocator for collectives (NCCL's communicators)
+    communicator_bytes: int = 0
 
 
 class Recorder:
@@ -97,6 +99,7 @@ class Recorder:
         self.data_dependent: dict[str, str] = {}
         self.notes: list[str] = []
         self.order = 0
+        self.stream = 0  # the current CUDA stream (cuda_device._Streams sets it)
         self.lock = threading.RLock()
 
     # ---- phases ------------------------------------------------------------------------
@@ -115,7 +118,7 @@ class Recorder:
         self.accumulating = None  # another allocation came first: the sum keeps its own block
         module = self.module_stack[-1] if self.module_stack else None
         self.blocks[bid] = BlockMeta(size, self.step, self.phase, self.micro, kind, module, op)
-        self.events.append(("alloc", bid, size, 0))
+        self.events.append(("alloc", bid, size, self.stream))
         self.allocated_bytes += size
         if self.allocated_bytes > self.peak_allocated_bytes:
             self.peak_allocated_bytes = self.allocated_bytes
@@ -198,14 +201,8 @@ class Recorder:
         with self.lock:
             entry = self.live.get(key)
             if entry is not None:
-                if entry[2] == size:
-                    return
-                # resized in place (resize_, out=): the allocator hands out a new block
-                bid, ref, _ = entry
-                if bid is not None:
-                    self._free(bid)
-                    bid = self._alloc(size, "temporary", op)
-                self.live[key] = (bid, ref, size)
+                if entry[2] != size:
+                    self._resized(key, entry, size, op)
                 return
             ref = weakref.ref(storage, functools.partial(self._on_free, key))
             if self.recording:
@@ -215,6 +212,27 @@ class Recorder:
                 self.pending[key] = (ref, size, self.order)
                 self.order += 1
             self.live[key] = (bid, ref, size)
+
+    def _resized(self, key: int, entry: tuple[int | None, Any, int], size: int, op: str) -> None:
+        """A storage resized in place (``resize_``, ``out=``): the allocator frees its block
+        and hands out a new one; a storage resized to 0 holds none (FSDP frees unsharded
+        parameters so, and resizes them back for the next all-gather)."""
+        bid, ref, _ = entry
+        if bid is not None:
+            self._free(bid)
+            bid = None
+        if self.recording and size > 0:
+            bid = self._alloc(size, "temporary", op)
+        self.live[key] = (bid, ref, size)
+
+    def storage_resized(self, storage: Any) -> None:
+        """``UntypedStorage.resize_`` was called on ``storage`` (no op reaches the fake
+        mode for it): its block follows the new size."""
+        with self.lock:
+            key = storage._cdata
+            entry = self.live.get(key)
+            if entry is not None and key not in self.pending and entry[2] != storage.nbytes():
+                self._resized(key, entry, storage.nbytes(), "resize_")
 
     def _on_free(self, key: int, _ref: Any) -> None:
         with self.lock:

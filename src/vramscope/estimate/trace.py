@@ -26,7 +26,7 @@ import contextlib
 import logging
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -456,6 +456,27 @@ def _share_higher_order_rules() -> None:
             table[TracingMode] = table[FakeTensorMode]
 
 
+@contextlib.contextmanager
+def _storage_resizes(recorder: Recorder) -> Iterator[None]:
+    """``UntypedStorage.resize_`` reaches no op of the fake mode: tell the recorder (FSDP
+    frees unsharded parameters by resizing their storage to 0, and refills them so)."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+        out = original(storage, size)
+        recorder.storage_resized(storage)
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+Setup = Callable[[Workload, Recorder], Workload]
+
+
 def trace_workload(
     spec: WorkloadSpec,
     batch_size: int,
@@ -463,8 +484,12 @@ def trace_workload(
     precision: str | None = None,
     accumulate: int | None = None,
     steps: int = 2,
+    setup: Setup | None = None,
 ) -> Trace:
-    """Build the workload and trace ``steps`` standard steps on the emulated GPU."""
+    """Build the workload and trace ``steps`` standard steps on the emulated GPU.
+
+    ``setup`` changes the built workload while the trace records (after what the build left
+    on the device, before the first step): wrapping the model in DDP, for one."""
     import time
 
     check_torch_version()
@@ -482,6 +507,7 @@ def trace_workload(
         _patched_swap(mode),
         metadata_only_initializers(mode, mode.shadows),
         mode,
+        _storage_resizes(recorder),
         kernels.AttentionKernels(profile, recorder),
         rnn.CudnnRnns(profile, recorder, mode.shadows),
     ):
@@ -513,11 +539,22 @@ def trace_workload(
         recorder.adopt_built_state(ordered)
         del ordered
         build_end = len(recorder.events)
+        recorder.set_phase("setup", -2)
+        if setup is not None:
+            try:
+                workload = setup(workload, recorder)
+            except VramscopeError:
+                raise
+            except Exception as exc:
+                raise _explain_step_error(exc, spec.spec, recorder) from None
+            names = {
+                id(m): (n or type(workload.model).__name__)
+                for n, m in workload.model.named_modules()
+            }
         params = list(workload.model.parameters())
         parameters = sum(p.numel() for p in params)
         parameter_bytes = sum(p.numel() * p.element_size() for p in params)
         del params
-        recorder.set_phase("setup", -2)
         try:
             runner = StepRunner(workload, CUDA)
         except VramscopeError:
