@@ -274,10 +274,12 @@ def _apply_ddp(
 ) -> Applied:
     from torch.nn.parallel import DistributedDataParallel
 
+    if plan.bucket_cap_mb is not None:
+        # an explicit cap applies to every bucket; left out, DDP's first bucket is 1 MiB
+        kwargs = {**kwargs, "bucket_cap_mb": plan.bucket_cap_mb}
     model = DistributedDataParallel(
         workload.model,
         device_ids=[device.index or 0] if device.type == "cuda" else None,
-        bucket_cap_mb=plan.bucket_cap,
         gradient_as_bucket_view=plan.gradient_as_bucket_view,
         **kwargs,
     )

@@ -232,6 +232,7 @@ class RankTracer:
     tags: dict[int, tuple[str, str]] = field(default_factory=dict)  # block -> (what, group)
     group_names: dict[int, str] = field(default_factory=dict)  # id(FSDPParam) -> group
     buckets: set[int] = field(default_factory=set)  # blocks of DDP's buckets
+    bucket_sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # (step, index)
 
     def builder(self, builder: Builder) -> Builder:
         """``builder`` with FSDP2 applied to what it builds (the model materialized as
@@ -275,14 +276,19 @@ class RankTracer:
         self.applied = applied
         return applied.workload
 
-    def all_reduce(self, state: Any, bucket: Any) -> torch.futures.Future:
+    def all_reduce(self, state, bucket):  # type: ignore[no-untyped-def]
         """DDP's communication hook: the buckets it all-reduces are labelled, the reduction
-        is in place (:func:`_in_place_hook`)."""
+        is in place (:func:`_in_place_hook`). Not annotated: DDP accepts a ``bucket``
+        annotated with the class ``GradBucket`` or none."""
         recorder = self.recorder
+        buffer = bucket.buffer()
         if recorder is not None:
-            entry = recorder.live.get(bucket.buffer().untyped_storage()._cdata)
+            entry = recorder.live.get(buffer.untyped_storage()._cdata)
             if entry is not None:
                 self._bucket(entry[0])
+            self.bucket_sizes[(recorder.step, bucket.index())] = (
+                buffer.numel() * buffer.element_size()
+            )
         return _in_place_hook(state, bucket)
 
     def _bucket(self, block: int | None) -> None:
@@ -313,13 +319,43 @@ class RankTracer:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """The fake process group of this rank, and FSDP's buffers tagged."""
-        with fake_process_group(self.plan.world_size, self.plan.rank):
+        """The fake process group of this rank, DTensor's shape propagation unrecorded and
+        FSDP's buffers tagged."""
+        with (
+            fake_process_group(self.plan.world_size, self.plan.rank),
+            _unrecorded_propagation(self),
+        ):
             if self.plan.sharded:
                 with _fsdp_tags(self):
                     yield
             else:
                 yield
+
+
+@contextlib.contextmanager
+def _unrecorded_propagation(tracer: RankTracer) -> Iterator[None]:
+    """DTensor finds an op's output shape by running it on fake tensors of the global
+    shape (the first time it meets the op and its inputs: the first optimizer step over
+    sharded parameters); no GPU allocates those."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = tracer.recorder
+        if recorder is None:
+            return original(self, *args, **kwargs)
+        recorder.paused += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.paused -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
 def trace_rank(
@@ -474,7 +510,7 @@ def _traced_row(rank: int, report: Report, loads: dict[str, Any]) -> dict[str, A
 
 def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) -> dict[str, Any]:
     """The report's ``distributed`` section for the traced rank, read from its objects."""
-    from vramscope.distributed.memory import ddp_buckets, fsdp_items
+    from vramscope.distributed.memory import fsdp_items
     from vramscope.distributed.sharding import DESCRIPTIONS
 
     applied = tracer.applied
@@ -493,10 +529,8 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
     }
     if applied is None:
         return section
-    if applied.ddp is not None:
-        item = ddp_buckets(applied.ddp, "cuda")
-        if item is not None:
-            section["memory"].append(item)
+    if applied.ddp is not None and tracer.bucket_sizes:
+        section["memory"].append(_ddp_item(plan, tracer))
     if plan.sharded:
         section["groups"] = applied.groups
         section["sharded_modules"] = {
@@ -513,6 +547,37 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
     return section
 
 
+def _ddp_item(plan: ParallelPlan, tracer: RankTracer) -> dict[str, Any]:
+    """DDP's gradient buckets as the last traced backward all-reduced them (DDP rebuilds
+    them in the order gradients arrived, after the first step), in the measured report's
+    terms."""
+    from vramscope.distributed.memory import DDP_NOTE, DDP_VIEW_NOTE
+
+    last = max(step for step, _ in tracer.bucket_sizes)
+    sizes = [size for (step, _), size in sorted(tracer.bucket_sizes.items()) if step == last]
+    first = [
+        size
+        for (step, _), size in sorted(tracer.bucket_sizes.items())
+        if step == min(s for s, _ in tracer.bucket_sizes)
+    ]
+    view = plan.gradient_as_bucket_view
+    cap = plan.bucket_cap
+    return {
+        "name": "ddp_gradient_buckets",
+        "label": "DDP gradient buckets",
+        "bytes": sum(-(-size // 512) * 512 for size in sizes),
+        "category": "gradients" if view else "other",
+        "exact": True,
+        "buckets": len(sizes),
+        "bucket_sizes": sizes,
+        "first_step_bucket_sizes": first,
+        "bucket_cap_bytes": int(cap * MiB),
+        "first_bucket_cap_bytes": MiB if plan.bucket_cap_mb is None else int(cap * MiB),
+        "gradient_as_bucket_view": view,
+        "note": DDP_VIEW_NOTE if view else DDP_NOTE,
+    }
+
+
 _WHAT = {
     "fsdp_unsharded_parameters": ("unsharded", "all_gather"),
     "fsdp_reduce_scatter_buffers": ("reduce_scatter",),
@@ -524,7 +589,6 @@ def _at_the_peak(
 ) -> None:
     """Add to FSDP's items how many groups' buffers were alive at the estimate's peak, and
     at most at once during the traced steps; the category they sit in at the peak."""
-    most = _most_alive(trace, tracer.tags)
     for item in items:
         whats = _WHAT.get(item["name"], ())
         live = [
@@ -537,38 +601,45 @@ def _at_the_peak(
         item.update(
             at_peak_bytes=sum(-(-size // 512) * 512 for _, size in live),
             at_peak_groups=groups,
-            most_groups_at_once=max((most.get(w, 0) for w in whats), default=0),
+            most_groups_at_once=_most_alive(trace, tracer.tags, whats),
             estimated=True,
         )
         if live:
             item["category"] = "activations" if "activation" in kinds else "temporaries"
         shown = ", ".join(groups[:4]) + (", …" if len(groups) > 4 else "")
-        what = (
-            "parameters gathered"
-            if item["name"] == "fsdp_unsharded_parameters"
-            else "reduce-scatter inputs"
-        )
         item["note"] = (
-            f"at the peak, {len(groups)} group(s)' {what} ({format_bytes(item['at_peak_bytes'])}"
-            + (f": {shown}" if groups else "")
-            + f"); at most {item['most_groups_at_once']} group(s) at once in the traced steps. "
-            + item.get("note", "").split(": bytes is")[0]
+            f"alive at the peak: {_groups(len(groups))}"
+            + (f" ({shown}), {format_bytes(item['at_peak_bytes'])}" if groups else "")
+            + f"; at most {_groups(item['most_groups_at_once'])} at once. "
+            + (_GATHER_NOTE if item["name"] == "fsdp_unsharded_parameters" else _REDUCE_NOTE)
         )
 
 
-def _most_alive(trace: Trace, tags: dict[int, tuple[str, str]]) -> dict[str, int]:
-    """For each kind of FSDP buffer, the most groups whose buffers of that kind were alive at
-    once over the trace (the parameters gathered: their per-parameter copies)."""
-    alive: dict[str, dict[int, str]] = {}
-    most: dict[str, int] = {}
+_GATHER_NOTE = (
+    "Each group's parameters are all-gathered (world size × this rank's padded shard, in "
+    "the parameter dtype) for its forward and again for its backward; the next group's are "
+    "prefetched."
+)
+_REDUCE_NOTE = (
+    "In backward each group's gradients are packed into one reduce-scatter input (in the "
+    "reduce dtype), kept until the next group's reduce-scatter."
+)
+
+
+def _groups(count: int) -> str:
+    return f"{count} group{'' if count == 1 else 's'}"
+
+
+def _most_alive(trace: Trace, tags: dict[int, tuple[str, str]], whats: tuple[str, ...]) -> int:
+    """The most groups whose buffers of these kinds were alive at once over the trace."""
+    alive: dict[int, str] = {}
+    most = 0
     for event in trace.events:
-        if event[0] == "alloc" and event[1] in tags:
-            what, group = tags[event[1]]
-            alive.setdefault(what, {})[event[1]] = group
-            most[what] = max(most.get(what, 0), len(set(alive[what].values())))
+        if event[0] == "alloc" and tags.get(event[1], ("",))[0] in whats:
+            alive[event[1]] = tags[event[1]][1]
+            most = max(most, len(set(alive.values())))
         elif event[0] == "free":
-            for live in alive.values():
-                live.pop(event[1], None)
+            alive.pop(event[1], None)
     return most
 
 
@@ -630,6 +701,11 @@ def _attach(report: Report, plan: ParallelPlan, section: dict[str, Any], trace: 
                 "no repeated blocks found to shard one by one: the whole model is one FSDP "
                 "group, gathered at once (name the blocks' class with --shard-module)",
             )
+        )
+    if trace.communicator_bytes and report.reconciliation:
+        report.reconciliation[0].note += (
+            f"; context and libraries include {format_bytes(trace.communicator_bytes)} for "
+            "NCCL's communicators (a constant, uncalibrated)"
         )
     position = 1 if report.findings and report.findings[0].kind == "verdict" else 0
     report.findings[position:position] = findings

@@ -100,6 +100,9 @@ class Recorder:
         self.notes: list[str] = []
         self.order = 0
         self.stream = 0  # the current CUDA stream (cuda_device._Streams sets it)
+        # > 0 while ops run that no GPU runs (DTensor's sharding propagation computes output
+        # shapes on fake tensors of the global shape): their outputs are no allocations
+        self.paused = 0
         self.lock = threading.RLock()
 
     # ---- phases ------------------------------------------------------------------------
@@ -142,7 +145,7 @@ class Recorder:
         """A kernel's internal buffer: allocated and freed inside the op. ``fallbacks``: a
         key of the kernel's plan and the smaller sizes it makes do with when ``size`` runs out
         of memory (0: none). ``before``: an output the kernel allocates after this buffer."""
-        if not self.recording or size <= 0:
+        if not self.recording or size <= 0 or self.paused:
             return
         with self.lock:
             bid = self._alloc(size, kind, op)
@@ -156,7 +159,7 @@ class Recorder:
         """Buffers a kernel holds at once and frees before it returns (allocated in order,
         freed in reverse). ``before``: an output the kernel allocates after them."""
         sizes = [size for size in sizes if size > 0]
-        if not self.recording or not sizes:
+        if not self.recording or not sizes or self.paused:
             return
         with self.lock:
             blocks = [self._alloc(size, kind, op) for size in sizes]
@@ -181,7 +184,7 @@ class Recorder:
 
     def persistent(self, size: int, kind: str, op: str) -> int | None:
         """A buffer a library keeps for the rest of the run (cuBLAS workspaces)."""
-        if not self.recording or size <= 0:
+        if not self.recording or size <= 0 or self.paused:
             return None
         with self.lock:
             return self._alloc(size, kind, op)
@@ -193,7 +196,7 @@ class Recorder:
 
     def see(self, tensor: torch.Tensor, op: str) -> None:
         """Record the storage of ``tensor`` if it is new (called for every op output)."""
-        if not isinstance(tensor, FakeTensor) or tensor.fake_device.type != "cuda":
+        if self.paused or not isinstance(tensor, FakeTensor) or tensor.fake_device.type != "cuda":
             return
         storage = tensor.untyped_storage()
         key = storage._cdata
