@@ -327,6 +327,7 @@ def _apply_fsdp(
     if plan.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
     units = shard_units(model, plan.shard_module)
+    unit_class = type(units[0]).__name__ if units else None  # fully_shard renames the class
     module_names = {id(m): n for n, m in model.named_modules()}
     for unit in units:
         fully_shard(unit, **options)
@@ -341,7 +342,7 @@ def _apply_fsdp(
     return Applied(
         done,
         [module_names[id(u)] for u in units],
-        type(units[0]).__name__ if units else None,
+        unit_class,
         len(units) + 1,
     )
 

@@ -23,7 +23,7 @@ communicator (:data:`NCCL_BYTES`), not calibrated.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,10 +326,53 @@ class RankTracer:
             _unrecorded_propagation(self),
         ):
             if self.plan.sharded:
-                with _fsdp_tags(self):
+                with _fsdp_tags(self), _chunks_on_demand():
                     yield
             else:
                 yield
+
+
+class _Chunks(Sequence):
+    """``torch.chunk(tensor, count, dim)`` padded with empty tensors to ``count`` chunks, as
+    FSDP2 splits a parameter over a shard group (``_chunk_with_empty``), each chunk made
+    when it is asked for: FSDP asks for its own rank's and rank 0's (the padded size), so a
+    world of 1024 makes 2 views per parameter instead of 1024."""
+
+    def __init__(self, tensor: torch.Tensor, count: int, dim: int) -> None:
+        self.tensor, self.count, self.dim = tensor, count, dim
+        size = tensor.size(dim)
+        self.step = -(-size // count)
+        # how many chunks torch.chunk returns (all of them, empty, for an empty dimension)
+        self.made = -(-size // self.step) if size else count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        if index < 0:
+            index += self.count
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        if index < self.made:
+            start = index * self.step
+            length = min(self.step, self.tensor.size(self.dim) - start)
+            return self.tensor.narrow(self.dim, start, length)
+        return self[0].new_empty(0)
+
+
+@contextlib.contextmanager
+def _chunks_on_demand() -> Iterator[None]:
+    """FSDP2's parameter chunks made on demand (:class:`_Chunks`)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    original = _fsdp_param._chunk_with_empty
+    _fsdp_param._chunk_with_empty = _Chunks
+    try:
+        yield
+    finally:
+        _fsdp_param._chunk_with_empty = original
 
 
 @contextlib.contextmanager
@@ -404,7 +447,7 @@ def rank_loads(tracer: RankTracer) -> dict[str, Any]:
         for t in tensors_in(state):
             st = _storage(t)
             if st is not None:
-                state_bytes += st.nbytes()
+                state_bytes += -(-st.nbytes() // 512) * 512  # the allocator's blocks
     if applied.zero is not None:
         parts = applied.zero._partition_parameters()
         loads = [sum(p.numel() for g in groups for p in g["params"]) for groups in parts]
