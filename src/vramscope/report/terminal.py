@@ -334,6 +334,9 @@ def _job_lines(report: Report) -> list[Text]:
     """The imbalance, how the ranks' reports came, and the distributed memory, in words."""
     job = _job(report)
     lines = []
+    traced = jobtext.per_rank(job)
+    if traced:
+        lines.append(Text(traced))
     spread, gathered = jobtext.imbalance(job), jobtext.gathering(job)
     if spread:
         lines.append(Text(spread))
