@@ -37,7 +37,9 @@ class Tower(nn.Module):
         return self.head(x)
 
 
-def _workload(model: nn.Module, batch_size: int, inputs: int, classes: int, device) -> vramscope.Workload:
+def _workload(
+    model: nn.Module, batch_size: int, inputs: int, classes: int, device
+) -> vramscope.Workload:
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 

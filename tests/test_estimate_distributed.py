@@ -159,9 +159,7 @@ def test_fsdp_cpu_offload_keeps_the_state_on_the_host():
     total = sum(padded_shard_bytes(s, 8) for s in shapes(TOWER))
     assert host["parameters"] == total
     # and on the host, AdamW's step count: a float32 per parameter
-    assert host["optimizer_state"] == sum(
-        2 * rank_shard_bytes(s, 8, 0) + 4 for s in shapes(TOWER)
-    )
+    assert host["optimizer_state"] == sum(2 * rank_shard_bytes(s, 8, 0) + 4 for s in shapes(TOWER))
 
 
 def test_zero2_keeps_every_group_gathered_until_backward():
@@ -200,14 +198,16 @@ def test_ddp_buckets_follow_ddps_rule():
     # reaches its cap, 1 MiB for the first and 25 MiB for the others
     caps = [MiB] + [25 * MiB] * (len(sizes) - 1)
     largest = max(math.prod(s) * 4 for s in shapes(TOWER))
-    for size, cap in zip(sizes[:-1], caps[:-1]):
+    for size, cap in zip(sizes[:-1], caps[:-1], strict=True):
         assert cap <= size < cap + largest
     assert sizes[-1] < caps[-1] + largest
     assert len(sizes) == 3
     assert buckets["bytes"] == sum(block(s) for s in sizes)
     assert buckets["category"] == "other"
     assert report.categories_at_peak.other >= buckets["bytes"]
-    assert report.categories_at_peak.parameters == sum(block(math.prod(s) * 4) for s in shapes(TOWER))
+    assert report.categories_at_peak.parameters == sum(
+        block(math.prod(s) * 4) for s in shapes(TOWER)
+    )
 
 
 def test_ddp_bucket_cap_applies_to_every_bucket():
@@ -236,9 +236,7 @@ def test_zero1_traces_the_heaviest_rank_of_the_greedy_partition():
     assert report.categories_at_peak.optimizer_state == 2 * 2 * block(6000 * 4)
     rank0 = job["traced_ranks"][0]
     assert rank0["optimizer_state_bytes"] == 2 * block(10000 * 4)
-    assert report.categories_at_peak.parameters == sum(
-        block(n * 4) for n in (10000, 6000, 6000)
-    )
+    assert report.categories_at_peak.parameters == sum(block(n * 4) for n in (10000, 6000, 6000))
 
 
 def test_world_size_1024_with_ddp_and_zero1_runs_in_seconds():
@@ -306,6 +304,33 @@ def test_compare_puts_the_strategies_side_by_side_per_rank():
     assert report.extra["fit"]["per_rank"]["side_by_side"] is True
 
 
+def test_each_strategy_compared_keeps_only_the_settings_it_takes():
+    given = ParallelPlan(
+        "fsdp",
+        16,
+        shard_module="Block",
+        reshard_after_forward=False,
+        param_dtype="bf16",
+        bucket_cap_mb=10.0,
+    )
+    ddp = given.with_strategy("ddp").check()
+    assert (ddp.shard_module, ddp.reshard_after_forward, ddp.param_dtype) == (None, None, None)
+    assert ddp.bucket_cap_mb == 10.0
+    zero2 = given.with_strategy("zero2").check()
+    assert (zero2.shard_module, zero2.reshard_after_forward, zero2.bucket_cap_mb) == (
+        "Block",
+        None,
+        None,
+    )
+    assert zero2.resharding is False
+    fsdp = given.with_strategy("fsdp").check()
+    assert (fsdp.shard_module, fsdp.reshard_after_forward, fsdp.param_dtype) == (
+        "Block",
+        False,
+        "bf16",
+    )
+
+
 def test_fit_answers_the_batch_per_gpu():
     from vramscope.fit.search import fit
 
@@ -371,7 +396,9 @@ def test_estimate_on_the_command_line_is_per_rank(capsys, tmp_path):
     assert "per rank (per GPU, batch size per GPU) of hsdp over 16 ranks, shard groups of 8" in (
         header
     )
-    assert stdout.strip().splitlines()[-1].endswith(
-        "(per rank: rank 0 of hsdp over 16 ranks, shard groups of 8, 2 replicas)"
+    assert (
+        stdout.strip()
+        .splitlines()[-1]
+        .endswith("(per rank: rank 0 of hsdp over 16 ranks, shard groups of 8, 2 replicas)")
     )
     assert out.exists()

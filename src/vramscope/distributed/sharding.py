@@ -106,7 +106,11 @@ class ParallelPlan:
             self,
             strategy=strategy,
             shard_size=self.shard_size if strategy == "hsdp" else None,
-            reshard_after_forward=None,
+            # zero2 is fully_shard without resharding: the setting is fsdp's and hsdp's
+            reshard_after_forward=(
+                self.reshard_after_forward if strategy in ("fsdp", "hsdp") else None
+            ),
+            shard_module=self.shard_module if sharded else None,
             param_dtype=self.param_dtype if sharded else None,
             reduce_dtype=self.reduce_dtype if sharded else None,
             cpu_offload=self.cpu_offload and sharded,
