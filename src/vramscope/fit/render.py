@@ -162,7 +162,7 @@ def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Gro
 
 def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> RenderableType:
     """Strategies side by side; at narrow widths without the allocated column (reserved and
-    device used are what must fit)."""
+    device used are what must fit); per rank, what each rank holds of the model goes last."""
     method = _text(section.get("method") or "estimated")
     title = f"Strategies at batch {_text(section.get('batch_size'))} ({method})"
     per_rank = section.get("per_rank") if isinstance(section.get("per_rank"), dict) else None
@@ -178,10 +178,10 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
 
     state = any(isinstance(r.get("model_state"), dict) for r in rows)
 
-    def table(allocated: bool) -> Table:
-        columns = ["strategy"] + ["parameters", "optimizer"] * (state and allocated)
+    def table(allocated: bool, held_columns: bool, saving_column: bool = True) -> Table:
+        columns = ["strategy"] + ["parameters", "optimizer"] * held_columns
         columns += ["allocated"] * allocated
-        columns += ["reserved", "device used", "saving", "fits"]
+        columns += ["reserved", "device used", *["saving"] * saving_column, "fits"]
         columns += ["step time"] if timed else []
         columns += ["note"] if noted else []
         t = Table(box=box.SIMPLE_HEAD, title=title)
@@ -199,11 +199,12 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
             saving_pct = r.get("saving_pct") if isinstance(r.get("saving_pct"), dict) else {}
             saving = _number(saving_pct.get("reserved_bytes"))
             cells = [_text(r.get("name"))]
-            if state and allocated:
+            if held_columns:
                 held = r.get("model_state") if isinstance(r.get("model_state"), dict) else {}
                 cells += [b(held.get("parameters_bytes")), b(held.get("optimizer_state_bytes"))]
             cells += _peak_cells(r.get("peak"), allocated)
-            cells.append(f"{saving:+.1f}%" if saving is not None else "")
+            if saving_column:
+                cells.append(f"{saving:+.1f}%" if saving is not None else "")
             cells.append("yes" if r.get("fits") else "no")
             if timed:
                 step = _number(r.get("step_time_s"))
@@ -213,4 +214,6 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
             t.add_row(*cells)
         return t
 
-    return fitting(table(allocated=True), table(allocated=False))
+    held = [table(False, True), table(False, True, saving_column=False)] if state else []
+    layouts = [table(True, state), *held, table(False, False)]
+    return fitting(*layouts)
