@@ -19,7 +19,15 @@ For each case (a workload, a batch size per GPU, a precision, a strategy) it
   device used (the estimate's NCCL constant taken out: the job runs over gloo).
 
 Targets (issue 15): per rank, allocated within 3 %, reserved within 5 %.
-``--cases`` picks cases by name (see CASES); ``hf:`` cases need transformers.
+``--cases`` picks cases by name (see CASES); ``hf:`` cases need transformers. The results
+are written after every case (``"complete": false`` until the last), so a run cut short
+keeps what it measured. Over gloo the job differs from one over NCCL in one place the
+estimate does not follow: gloo's reduce-scatter copies its input on the device first (one
+FSDP group's gradients at a time, alive until the reduce-scatter is waited on).
+
+``--allow-cpu`` runs the jobs on the CPU, for the plumbing alone (nothing is measured
+there): ``python benchmarks/distributed_accuracy.py --allow-cpu --cases
+example-gpt-ddp,example-gpt-fsdp --out /tmp/plumbing.json`` (about 45 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -142,9 +151,13 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
         CUDA_VISIBLE_DEVICES=visible,
         PYTHONPATH=str(ROOT / "src"),
     )
+    started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:400]}
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        # no paths of this machine in the results
+        last = last.replace(str(workdir), "WORKDIR").replace(str(ROOT), ".")
+        return {"error": last[:400]}
     job = json.loads((out / "job.json").read_text())
     ranks = {}
     for row in job.get("ranks", []):
@@ -157,7 +170,7 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
             "own_max_memory_allocated": own.get("max_memory_allocated"),
             "own_max_memory_reserved": own.get("max_memory_reserved"),
         }
-    return {"ranks": ranks, "device": job.get("device", {})}
+    return {"ranks": ranks, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def estimate_ranks(case: tuple, gpu: str) -> dict:
@@ -218,8 +231,10 @@ def compare_main(args: argparse.Namespace) -> int:
         f"{'case':24s} {'rank':>4s} {'measured alloc':>15s} {'alloc err':>9s} "
         f"{'measured resv':>14s} {'resv err':>9s} {'used err*':>9s}"
     )
-    cases = []
+    cases: list[dict] = []
     for name in names:
+        if cases:  # what is done so far, should the run be cut short
+            write(args, cases, device, complete=False)
         case = CASES[name]
         if case[0].startswith("hf:"):
             try:
@@ -281,11 +296,11 @@ def compare_main(args: argparse.Namespace) -> int:
                 "settings": settings,
                 "target_case": name in TARGET_CASES,
                 "ranks": rows,
+                "measure_seconds": measured["seconds"],
                 "estimate_seconds": estimated["seconds"],
             }
         )
-    targeted = [r for c in cases if c.get("target_case") for r in c.get("ranks", [])]
-    all_met = bool(targeted) and all(r["met"] for r in targeted)
+    all_met = targets_met(cases)
     say(
         "* device used: the estimate's without its NCCL constant (the job runs over gloo); "
         "both ranks' CUDA contexts share the GPU"
@@ -295,13 +310,28 @@ def compare_main(args: argparse.Namespace) -> int:
         f"{TARGET_ALLOCATED_PCT:.0f} %, reserved within {TARGET_RESERVED_PCT:.0f} %: "
         + ("MET" if all_met else "MISSED")
     )
+    write(args, cases, device, complete=True)
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.txt').name}")
+    return 0
+
+
+def targets_met(cases: list[dict]) -> bool:
+    targeted = [r for c in cases if c.get("target_case") for r in c.get("ranks", [])]
+    return bool(targeted) and all(r["met"] for r in targeted)
+
+
+def write(args: argparse.Namespace, cases: list[dict], device: str, complete: bool) -> None:
+    """The results so far as JSON, and the printed table beside it (``.txt``)."""
+    import torch
+
     result = {
         "cases": cases,
+        "complete": complete,
         "targets": {
             "allocated_pct": TARGET_ALLOCATED_PCT,
             "reserved_pct": TARGET_RESERVED_PCT,
             "cases": list(TARGET_CASES),
-            "met": all_met,
+            "met": targets_met(cases),
         },
         "meta": {
             "date": datetime.date.today().isoformat(),
@@ -317,8 +347,6 @@ def compare_main(args: argparse.Namespace) -> int:
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     Path(args.out).with_suffix(".txt").write_text("\n".join(_LINES) + "\n")
-    print(f"wrote {args.out} and {Path(args.out).with_suffix('.txt').name}")
-    return 0
 
 
 def _driver() -> str | None:
