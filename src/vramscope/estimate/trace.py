@@ -541,12 +541,8 @@ def trace_workload(
         build_end = len(recorder.events)
         recorder.set_phase("setup", -2)
         if setup is not None:
-            try:
+            with _step_errors(spec.spec, recorder):
                 workload = setup(workload, recorder)
-            except VramscopeError:
-                raise
-            except Exception as exc:
-                raise _explain_step_error(exc, spec.spec, recorder) from None
             names = {
                 id(m): (n or type(workload.model).__name__)
                 for n, m in workload.model.named_modules()
@@ -555,12 +551,8 @@ def trace_workload(
         parameters = sum(p.numel() for p in params)
         parameter_bytes = sum(p.numel() * p.element_size() for p in params)
         del params
-        try:
+        with _step_errors(spec.spec, recorder):
             runner = StepRunner(workload, CUDA)
-        except VramscopeError:
-            raise
-        except Exception as exc:
-            raise _explain_step_error(exc, spec.spec, recorder) from None
         _label_persistent(recorder, workload)
         setup_end = len(recorder.events)
         from vramscope.tracking.hooks import GlobalHooks
@@ -577,12 +569,8 @@ def trace_workload(
                     t_step = time.perf_counter()
                     step_starts.append(len(recorder.events))
                     recorder.set_phase("data", index)
-                    try:
+                    with _step_errors(spec.spec, recorder):
                         runner()
-                    except VramscopeError:
-                        raise
-                    except Exception as exc:
-                        raise _explain_step_error(exc, spec.spec, recorder) from None
                     _label_persistent(recorder, workload)
                     step_seconds.append(round(time.perf_counter() - t_step, 3))
         finally:
@@ -629,6 +617,17 @@ def _explain_build_error(exc: WorkloadError, spec: str) -> VramscopeError:
             f"{message}; the build reads tensor values, which an estimate does not have"
         )
     return exc
+
+
+@contextlib.contextmanager
+def _step_errors(spec: str, recorder: Recorder) -> Iterator[None]:
+    """An error of the workload's own code, explained in one line (ours pass through)."""
+    try:
+        yield
+    except VramscopeError:
+        raise
+    except Exception as exc:
+        raise _explain_step_error(exc, spec, recorder) from None
 
 
 def _explain_step_error(exc: BaseException, spec: str, recorder: Recorder) -> VramscopeError:
