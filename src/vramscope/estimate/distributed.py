@@ -23,7 +23,7 @@ communicator (:data:`NCCL_BYTES`), not calibrated.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -501,11 +501,13 @@ def estimate_ranks(
     accumulate: int | None = None,
     steps: int = 2,
     reserved_limit: int | None = None,
+    *,
+    replay_report: Callable[..., tuple[Report, Any]],
 ) -> Report:
     """The estimate of one rank of ``plan``'s job: rank ``plan.rank``, and the heaviest rank
-    too when ranks differ and it is another (its report is the one returned)."""
-    from vramscope.estimate.estimator import replay_report
-
+    too when ranks differ and it is another (its report is the one returned).
+    ``replay_report`` is the estimator's (``estimate.estimator.replay_report``): each traced
+    rank's allocations through the allocator simulator, and its report."""
     traced: list[dict[str, Any]] = []
     current = plan
     while True:

@@ -122,6 +122,7 @@ def estimate(
             accumulate=accumulate,
             steps=max(steps, 2),
             reserved_limit=reserved_limit,
+            replay_report=replay_report,
         )
     else:
         trace = trace_workload(
