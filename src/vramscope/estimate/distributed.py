@@ -159,17 +159,26 @@ class _Reducer:
 
 
 @contextlib.contextmanager
+def _replaced(owner: Any, **values: Any) -> Iterator[None]:
+    """``owner``'s attributes set to ``values`` inside, put back afterwards."""
+    originals = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in originals.items():
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
 def _no_shape_check() -> Iterator[None]:
     """DDP checks that every rank's parameters have the same shapes by reading them; under a
     fake group every rank is this one."""
     import torch.nn.parallel.distributed as ddp_module
 
-    original = ddp_module._verify_param_shape_across_processes
-    ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
-    try:
+    with _replaced(ddp_module, _verify_param_shape_across_processes=lambda *a, **k: None):
         yield
-    finally:
-        ddp_module._verify_param_shape_across_processes = original
 
 
 # ---- FSDP's buffers, tagged -------------------------------------------------------------------
@@ -208,15 +217,13 @@ def _fsdp_tags(tracer: RankTracer) -> Iterator[None]:
         tracer.tag(result[0], "reduce_scatter", fsdp_params)
         return result
 
-    module.foreach_all_gather = foreach_all_gather
-    module.foreach_all_gather_copy_out = foreach_all_gather_copy_out
-    module.foreach_reduce = foreach_reduce
-    try:
+    with _replaced(
+        module,
+        foreach_all_gather=foreach_all_gather,
+        foreach_all_gather_copy_out=foreach_all_gather_copy_out,
+        foreach_reduce=foreach_reduce,
+    ):
         yield
-    finally:
-        module.foreach_all_gather = gather
-        module.foreach_all_gather_copy_out = copy_out
-        module.foreach_reduce = reduce
 
 
 # ---- one rank, traced -------------------------------------------------------------------------
@@ -367,12 +374,8 @@ def _chunks_on_demand() -> Iterator[None]:
     """FSDP2's parameter chunks made on demand (:class:`_Chunks`)."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param
 
-    original = _fsdp_param._chunk_with_empty
-    _fsdp_param._chunk_with_empty = _Chunks
-    try:
+    with _replaced(_fsdp_param, _chunk_with_empty=_Chunks):
         yield
-    finally:
-        _fsdp_param._chunk_with_empty = original
 
 
 @contextlib.contextmanager
@@ -394,11 +397,8 @@ def _unrecorded_propagation(tracer: RankTracer) -> Iterator[None]:
         finally:
             recorder.paused -= 1
 
-    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
-    try:
+    with _replaced(ShardingPropagator, _propagate_tensor_meta_non_cached=propagate):
         yield
-    finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
 def trace_rank(
