@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from vramscope.cli.common import check_paths, emit, output_options, say, tuning_options
+from vramscope.cli.common import (
+    check_paths,
+    emit,
+    output_options,
+    parallel_options,
+    say,
+    tuning_options,
+)
 from vramscope.errors import VramscopeError
 
 
@@ -28,6 +37,7 @@ from vramscope.errors import VramscopeError
     is_flag=True,
     help="Confirm with real runs on this machine's GPU, each in a fresh process.",
 )
+@parallel_options
 @output_options
 def command(
     workload: str,
@@ -40,6 +50,7 @@ def command(
     accumulate: int | None,
     allocator_config: str | None,
     verify: bool,
+    parallel: Any,
     json_path: str | None,
     html_path: str | None,
     trace_path: str | None,
@@ -54,6 +65,11 @@ def command(
     from vramscope.fit.search import fit
 
     check_paths(json_path, html_path, trace_path, csv_path)
+    if verify and parallel is not None:
+        raise VramscopeError(
+            "--verify runs trials on this machine's one GPU; with --world-size the answer is "
+            "the estimate's"
+        )
     if verify:
         import torch
 
@@ -74,5 +90,6 @@ def command(
         effective_batch=effective_batch,
         verify=verify,
         progress=lambda msg: say(f"vramscope fit: {msg}", quiet),
+        parallel=parallel,
     )
     emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)
