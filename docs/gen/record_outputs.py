@@ -84,6 +84,21 @@ RECORDINGS = (
     Recording("measure", ("measure", "example:gpt", "-b", "4", "--steps", "3")),
     Recording("estimate", ("estimate", "example:gpt", "--gpu", "h100-80gb", "-b", "16")),
     Recording("estimate-list-gpus", ("estimate", "--list-gpus")),
+    Recording(
+        "estimate-ranks",
+        (
+            "estimate",
+            "example:gpt",
+            "--gpu",
+            "h100-80gb",
+            "-b",
+            "16",
+            "--world-size",
+            "64",
+            "--strategy",
+            "fsdp",
+        ),
+    ),
     Recording("fit", ("fit", "example:gpt", "--gpu", "rtx4090")),
     Recording(
         "fit-plans",
@@ -104,6 +119,11 @@ RECORDINGS = (
             *("--precision", "bf16-true"),
             *("--strategies", "checkpointing,lora-r8,lora-r64,lora-r8+checkpointing"),
         ),
+    ),
+    Recording("compare-ranks", ("compare", "example:gpt", "-b", "16", "--world-size", "8")),
+    Recording(
+        "fit-ranks",
+        ("fit", "example:gpt", "--gpu", "rtx4090", "--world-size", "8", "--strategy", "zero2"),
     ),
     Recording("report-h200", ("report", "tests/data/report_h200_gpt.json")),
     Recording(

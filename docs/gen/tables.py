@@ -209,6 +209,127 @@ def estimate_speed(root: Path) -> str:
     )
 
 
+# --------------------------------------------------------------------------- per rank
+
+
+@table("distributed-estimate-speed")
+def distributed_estimate_speed(root: Path) -> str:
+    data = load(root, "distributed_estimate_speed.json")
+    rows = []
+    for case in data["cases"]:
+        if "seconds" not in case:
+            rows.append([_plan(case["plan"]), case["precision"], "failed", "", "", "", "", ""])
+            continue
+        cats = case["categories_at_peak"]
+        rows.append(
+            [
+                _plan(case["plan"]),
+                case["precision"],
+                f"{case['seconds']:.1f} s",
+                gib(case["max_rss_bytes"]),
+                gib(cats["parameters"]),
+                gib(cats["optimizer_state"]),
+                gib(case["peak"]["allocated_bytes"]),
+                gib(case["peak"]["device_used_bytes"]) + ("" if case["fits"] else " (runs out)"),
+            ]
+        )
+    meta, target = data["meta"], data["target"]
+    return block(
+        markdown(
+            [
+                "strategy × ranks",
+                "precision",
+                "estimate",
+                "host RSS",
+                "parameters at the peak",
+                "optimizer state at the peak",
+                "allocated",
+                "device used",
+            ],
+            rows,
+            "llrrrrrr",
+        ),
+        "`hf:llama-7b/seq=1024` (6.7 B parameters, AdamW), batch 1 per GPU, for an H100 80GB; "
+        "the memory columns are per rank. Each case in a fresh process, imports included, on a "
+        f"{meta['cpus']}-core {meta['cpu']} CPU (torch {meta['torch']}, {meta['date']}). A case "
+        "that *runs out* does not fit the H100: its columns are the memory where it ran out. "
+        f"Target: the 64-rank FSDP estimate in ≤{target['seconds']:.0f} s: "
+        f"{'met' if target['met'] else 'missed'}.",
+        source("distributed_estimate_speed.json"),
+    )
+
+
+def _plan(plan: dict[str, Any]) -> str:
+    """A per-rank plan in a few words: ``fsdp × 64, param bf16, reduce fp32``."""
+    words = [plan["strategy"] + (f" × {plan['world_size']}" if "world_size" in plan else "")]
+    if plan.get("shard_size"):
+        words.append(f"shard groups of {plan['shard_size']}")
+    for key in ("param_dtype", "reduce_dtype"):
+        if plan.get(key):
+            words.append(f"{key.split('_')[0]} {plan[key]}")
+    return ", ".join(words)
+
+
+@table("distributed-accuracy")
+def distributed_accuracy(root: Path) -> str:
+    path = root / RESULTS / "distributed_accuracy_h200.json"
+    if not path.exists():
+        return (
+            "Not measured yet: `python benchmarks/distributed_accuracy.py` on a GPU writes "
+            "`benchmarks/results/distributed_accuracy_h200.json`, and `python docs/gen/sync.py` "
+            "puts it here."
+        )
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rows = []
+    for case in data["cases"]:
+        if "ranks" not in case:
+            reason = case.get("error") or case.get("skipped") or "?"
+            rows.append([case["case"], "failed" if "error" in case else "skipped", reason])
+            rows[-1] += [""] * 6
+            continue
+        strategy = _plan({**case["settings"], "strategy": case["strategy"]})
+        for row in case["ranks"]:
+            errors = row["error_pct"]
+            rows.append(
+                [
+                    f"`{case['workload']}`",
+                    strategy + (" (target)" if case.get("target_case") else ""),
+                    case["batch_size"],
+                    case["precision"],
+                    row["rank"],
+                    gib(row["measured"]["allocated_bytes"]),
+                    pct(errors["allocated"]),
+                    pct(errors["reserved"]),
+                    pct(errors["device_used_without_nccl"]),
+                ]
+            )
+    meta, targets = data["meta"], data["targets"]
+    return block(
+        markdown(
+            [
+                "workload",
+                "strategy",
+                "batch per GPU",
+                "precision",
+                "rank",
+                "measured allocated",
+                "allocated",
+                "reserved",
+                "device used*",
+            ],
+            rows,
+            "llrlrrrrr",
+        ),
+        f"{meta['world_size']} ranks sharing one {meta['device']} over {meta['backend']}, "
+        f"{measured_on({k: v for k, v in meta.items() if k != 'device'})}; errors are "
+        "(estimate − measured) / measured. *Device used without the estimate's NCCL constant "
+        f"(the job runs over gloo). Targets, per rank: allocated within "
+        f"{targets['allocated_pct']:.0f} %, reserved within {targets['reserved_pct']:.0f} %: "
+        f"{'met' if targets['met'] else 'missed'}.",
+        source("distributed_accuracy_h200.json"),
+    )
+
+
 # --------------------------------------------------------------------------- fit and compare
 
 

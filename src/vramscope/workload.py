@@ -243,10 +243,7 @@ def build_workload(
     if not isinstance(batch_size, int) or batch_size < 1:
         raise VramscopeError(f"batch size must be a whole number of 1 or more, not {batch_size!r}")
     try:
-        if precision is not None and zoo.accepts_precision(builder):
-            workload = builder(batch_size, device, precision=precision)  # type: ignore[call-arg]
-        else:
-            workload = builder(batch_size, device)
+        workload = zoo.call_builder(builder, batch_size, device, precision)
     except VramscopeError:
         raise
     except torch.cuda.OutOfMemoryError:

@@ -427,6 +427,16 @@ def _shape_meta(shapes: Any, parsed: HfSpec) -> dict[str, Any]:
     return {"seq": shapes.seq}
 
 
+def call_builder(
+    builder: Callable[..., Any], batch_size: int, device: torch.device, precision: str | None
+) -> Any:
+    """``builder(batch_size, device)``, told the precision asked for when it takes
+    ``precision=``."""
+    if precision is not None and accepts_precision(builder):
+        return builder(batch_size, device, precision=precision)
+    return builder(batch_size, device)
+
+
 def accepts_precision(builder: Callable[..., Any]) -> bool:
     """Whether a build function takes ``precision=`` (then it builds the model in a ``-true``
     precision's dtype directly)."""

@@ -236,3 +236,134 @@ def check_paths(*paths: str | None) -> None:
     for path in paths:
         if path:
             _writable(path)
+
+
+def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: bool = False) -> Any:
+    """--world-size/--strategy and their settings: estimate one rank of a data-parallel job.
+    The command receives them as one ``parallel`` argument (a ParallelPlan, or None). With
+    ``each_strategy`` (compare), --world-size alone is allowed: ``parallel`` then carries
+    the settings and ``parallel_each`` is True (every strategy side by side)."""
+    if func is None:
+        return functools.partial(parallel_options, each_strategy=each_strategy)
+    from vramscope.distributed.sharding import DTYPES, STRATEGY_NAMES
+
+    options = [
+        click.option(
+            "--world-size",
+            type=int,
+            help="Estimate per rank (per GPU) of a data-parallel job of this many GPUs "
+            "(with --strategy).",
+        ),
+        click.option(
+            "--strategy",
+            type=click.Choice(STRATEGY_NAMES),
+            help="How the job is parallel: ddp, fsdp (FSDP2 fully_shard), hsdp, zero1 (DDP "
+            "with ZeroRedundancyOptimizer), zero2 (fully_shard, parameters kept through "
+            "backward).",
+        ),
+        click.option(
+            "--shard-size",
+            type=int,
+            help="hsdp: ranks that shard the model (default 8, a node); the groups replicate.",
+        ),
+        click.option(
+            "--shard-module",
+            metavar="CLASS",
+            help="fsdp/hsdp/zero2: apply fully_shard to each module of this class (default: "
+            "the model's repeated blocks), then to the root.",
+        ),
+        click.option(
+            "--reshard-after-forward/--no-reshard-after-forward",
+            default=None,
+            help="fsdp/hsdp: free each block's gathered parameters after its forward "
+            "(fully_shard's default: every block but the root).",
+        ),
+        click.option(
+            "--param-dtype",
+            type=click.Choice(tuple(DTYPES)),
+            help="fsdp/hsdp/zero2 mixed precision: parameters gathered and computed in this dtype.",
+        ),
+        click.option(
+            "--reduce-dtype",
+            type=click.Choice(tuple(DTYPES)),
+            help="fsdp/hsdp/zero2 mixed precision: gradients reduce-scattered in this dtype.",
+        ),
+        click.option(
+            "--cpu-offload",
+            is_flag=True,
+            help="fsdp/hsdp/zero2: parameter and gradient shards and the optimizer state on "
+            "the CPU (CPUOffloadPolicy).",
+        ),
+        click.option(
+            "--bucket-cap-mb",
+            type=float,
+            help="ddp/zero1: DDP's bucket size (default 25 MiB, the first bucket 1 MiB).",
+        ),
+        click.option(
+            "--gradient-as-bucket-view",
+            is_flag=True,
+            help="ddp/zero1: gradients are views of DDP's buckets (no second copy).",
+        ),
+    ]
+    names = (
+        "world_size",
+        "strategy",
+        "shard_size",
+        "shard_module",
+        "reshard_after_forward",
+        "param_dtype",
+        "reduce_dtype",
+        "cpu_offload",
+        "bucket_cap_mb",
+        "gradient_as_bucket_view",
+    )
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in names}
+        each = each_strategy and given["world_size"] is not None and given["strategy"] is None
+        if each:
+            from vramscope.distributed.sharding import ParallelPlan
+
+            # the settings of every strategy compared; each row keeps those it takes
+            settings = {k: v for k, v in given.items() if k not in ("world_size", "strategy")}
+            base = ParallelPlan(strategy="fsdp", world_size=given["world_size"], **settings)
+            base.with_strategy("ddp").check()  # the world size and DDP's settings
+            kwargs["parallel"] = base
+            kwargs["parallel_each"] = True
+        else:
+            kwargs["parallel"] = parallel_plan(**given)
+            if each_strategy:
+                kwargs["parallel_each"] = False
+        return func(*args, **kwargs)
+
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def parallel_plan(
+    world_size: int | None = None,
+    strategy: str | None = None,
+    **settings: Any,
+) -> Any:
+    """The ParallelPlan the options describe, checked (None without --world-size and
+    --strategy); a bad combination is a VramscopeError (one line, exit 2)."""
+    given = [f"--{k.replace('_', '-')}" for k, v in settings.items() if v not in (None, False)]
+    if world_size is None and strategy is None:
+        if given:
+            raise VramscopeError(
+                f"{given[0]} describes a distributed job: give --world-size N and --strategy"
+            )
+        return None
+    if world_size is None:
+        raise VramscopeError(
+            f"--strategy {strategy} needs --world-size N: how many GPUs the job has"
+        )
+    if strategy is None:
+        raise VramscopeError(
+            f"--world-size {world_size} needs --strategy: ddp, fsdp, hsdp, zero1 or zero2"
+        )
+    from vramscope.distributed.sharding import ParallelPlan
+
+    return ParallelPlan(strategy=strategy, world_size=world_size, **settings).check()

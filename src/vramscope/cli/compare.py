@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from vramscope.cli.common import check_paths, emit, output_options, say, tuning_options
+from vramscope.cli.common import (
+    check_paths,
+    emit,
+    output_options,
+    parallel_options,
+    say,
+    tuning_options,
+)
 
 
 @click.command(short_help="Memory-saving strategies or model variants side by side.")
@@ -18,6 +27,7 @@ from vramscope.cli.common import check_paths, emit, output_options, say, tuning_
 )
 @tuning_options
 @click.option("--estimate-only", is_flag=True, help="Estimate even when a GPU is present.")
+@parallel_options(each_strategy=True)
 @output_options
 def command(
     workloads: tuple[str, ...],
@@ -30,6 +40,8 @@ def command(
     accumulate: int | None,
     allocator_config: str | None,
     estimate_only: bool,
+    parallel: Any,
+    parallel_each: bool,
     json_path: str | None,
     html_path: str | None,
     trace_path: str | None,
@@ -39,15 +51,17 @@ def command(
     """Compare memory-saving strategies for one WORKLOAD (baseline, bf16-mixed, 16-mixed,
     checkpointing, accumulation, expandable segments, optimizer choices, ...), measured on
     this GPU in fresh processes when there is one, estimated otherwise; or compare several
-    WORKLOADS (model variants) with the per-module difference."""
+    WORKLOADS (model variants) with the per-module difference. With --world-size N and no
+    --strategy: DDP, ZeRO-1, ZeRO-2, HSDP and FSDP per rank side by side."""
     from vramscope.fit.render import render_fit_report
     from vramscope.fit.search import compare
     from vramscope.fit.strategies import get_strategy
 
     check_paths(json_path, html_path, trace_path, csv_path)
     names = [s.strip() for s in strategies.split(",") if s.strip()] if strategies else None
-    for name in names or []:
-        get_strategy(name)  # unknown names: one line, exit 2
+    if not parallel_each:
+        for name in names or []:
+            get_strategy(name)  # unknown names: one line, exit 2
     report = compare(
         list(workloads),
         batch_size=batch_size,
@@ -60,5 +74,7 @@ def command(
         allocator_config=allocator_config,
         measured=False if estimate_only else None,
         progress=lambda msg: say(f"vramscope compare: {msg}", quiet),
+        parallel=parallel,
+        parallel_each=parallel_each,
     )
     emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)

@@ -12,7 +12,13 @@ from typing import Any
 
 import click
 
-from vramscope.cli.common import check_paths, emit, output_options, workload_options
+from vramscope.cli.common import (
+    check_paths,
+    emit,
+    output_options,
+    parallel_options,
+    workload_options,
+)
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
 from vramscope.report.validation import validation
@@ -42,6 +48,7 @@ from vramscope.units import format_bytes, parse_size
     is_flag=True,
     help="Also measure for real on this machine's GPU and print estimated vs measured.",
 )
+@parallel_options
 @output_options
 def command(
     workload: str | None,
@@ -54,6 +61,7 @@ def command(
     steps: int,
     list_gpus: bool,
     validate: bool,
+    parallel: Any,
     json_path: str | None,
     html_path: str | None,
     trace_path: str | None,
@@ -75,6 +83,11 @@ def command(
     if memory is not None:
         parse_size(memory)
     if validate:
+        if parallel is not None:
+            raise VramscopeError(
+                "--validate measures one process on this GPU; a per-rank estimate is "
+                "compared with a job by benchmarks/distributed_accuracy.py"
+            )
         _check_can_validate()
     check_paths(json_path, html_path, trace_path, csv_path)
     from vramscope.estimate.estimator import estimate
@@ -88,6 +101,7 @@ def command(
         allocator_config=allocator_config,
         memory=memory,
         steps=steps,
+        parallel=parallel,
     )
     if validate:
         report.extra["validation"] = validate_report(
@@ -107,6 +121,9 @@ def verdict_line(report: Report) -> str:
         where = f"; peak allocated in step {report.peak.step}, {report.peak.phase}"
     used = format_bytes(v["device_used_bytes"])
     total = format_bytes(v["total_bytes"])
+    job = report.extra.get("distributed")
+    if isinstance(job, dict) and job.get("estimated"):
+        where += f" (per rank: rank {job.get('rank')} of {job.get('summary')})"
     if v["fits"]:
         return (
             f"vramscope: fits on {v['gpu']}: {used} of {total}, headroom "

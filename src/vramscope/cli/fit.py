@@ -7,7 +7,14 @@ from typing import Any
 
 import click
 
-from vramscope.cli.common import check_paths, emit, output_options, say, tuning_options
+from vramscope.cli.common import (
+    check_paths,
+    emit,
+    output_options,
+    parallel_options,
+    say,
+    tuning_options,
+)
 from vramscope.errors import VramscopeError
 
 
@@ -48,6 +55,7 @@ from vramscope.errors import VramscopeError
     is_flag=True,
     help="Confirm with real runs on this machine's GPU, each in a fresh process.",
 )
+@parallel_options
 @output_options
 def command(
     workload: str,
@@ -63,6 +71,7 @@ def command(
     accumulate: int | None,
     allocator_config: str | None,
     verify: bool,
+    parallel: Any,
     json_path: str | None,
     html_path: str | None,
     trace_path: str | None,
@@ -90,6 +99,7 @@ def command(
         "accumulate": accumulate,
         "allocator_config": allocator_config,
         "progress": progress,
+        "parallel": parallel,
     }
     if seq_len:
         if verify or effective_batch:
@@ -106,6 +116,11 @@ def command(
         raise VramscopeError(
             f"{'--batch-size' if batch_size is not None else '--max-seq-len'} goes with "
             "--seq-len (fit searches the batch size otherwise)"
+        )
+    if verify and parallel is not None:
+        raise VramscopeError(
+            "--verify runs trials on this machine's one GPU; with --world-size the answer is "
+            "the estimate's"
         )
     if verify:
         import torch

@@ -285,42 +285,31 @@ class _CudaModulePatches:
             with no_dispatch():
                 return torch.zeros(16, dtype=torch.uint8)
 
-        class _Stream:
-            def __init__(self, *_: Any, **__: Any) -> None:
-                self.device = CUDA
-                self.cuda_stream = 0
-                self.stream_id = 0
-                self.device_index = 0
-                self.device_type = 1
+        streams = _Streams(rec)
+        _Stream = streams.Stream
 
-            def __enter__(self) -> _Stream:
+        class _Event:
+            """Events order streams on a GPU; allocations here never wait for them."""
+
+            def __init__(self, *_: Any, **__: Any) -> None:
+                return None
+
+            def record(self, *_: Any) -> _Event:
                 return self
 
-            def __exit__(self, *_: Any) -> None:
+            def wait(self, *_: Any) -> None:
                 return None
 
             def synchronize(self) -> None:
                 return None
 
-            def wait_stream(self, *_: Any) -> None:
-                return None
-
-            def wait_event(self, *_: Any) -> None:
-                return None
-
-            def record_event(self, *_: Any) -> Any:
-                return SimpleNamespace(synchronize=lambda: None, wait=lambda *a: None)
-
             def query(self) -> bool:
                 return True
 
-            def __eq__(self, other: object) -> bool:
-                return isinstance(other, _Stream)
+            def elapsed_time(self, *_: Any) -> float:
+                return 0.0
 
-            def __hash__(self) -> int:
-                return 0
-
-        default_stream = _Stream()
+        default_stream = streams.default
         values: dict[str, Any] = {
             "is_available": lambda: True,
             "device_count": lambda: 1,
@@ -352,11 +341,12 @@ class _CudaModulePatches:
             "set_rng_state": lambda *a, **k: None,
             "set_rng_state_all": lambda *a, **k: None,
             "is_current_stream_capturing": lambda *a, **k: False,
-            "current_stream": lambda *a, **k: default_stream,
+            "current_stream": lambda *a, **k: streams.current,
             "default_stream": lambda *a, **k: default_stream,
-            "set_stream": lambda *a, **k: None,
-            "stream": lambda *a, **k: contextlib.nullcontext(),
+            "set_stream": streams.set,
+            "stream": streams.use,
             "Stream": _Stream,
+            "Event": _Event,
             "_exchange_device": lambda *a, **k: 0,
             "_maybe_exchange_device": lambda *a, **k: 0,
             "nvtx": SimpleNamespace(
@@ -415,6 +405,78 @@ class _CudaModulePatches:
 
 
 _MISSING = object()
+
+
+class _Streams:
+    """CUDA streams of the emulated device: the default stream (0) and every stream the
+    workload makes (1, 2, ...). The current one is the stream the recorder gives each
+    allocation, as the caching allocator keeps a pool per stream: a block freed on one
+    stream is reused by that stream alone (FSDP's all-gather and reduce-scatter streams)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.count = 0
+        streams = self
+
+        class Stream:
+            def __init__(self, *_: Any, **__: Any) -> None:
+                self.stream_id = streams.count
+                streams.count += 1
+                self.device = CUDA
+                self.cuda_stream = self.stream_id
+                self.device_index = 0
+                self.device_type = 1
+
+            def __enter__(self) -> Stream:
+                self._previous = streams.current
+                streams.set(self)
+                return self
+
+            def __exit__(self, *_: Any) -> None:
+                streams.set(self._previous)
+
+            def synchronize(self) -> None:
+                return None
+
+            def wait_stream(self, *_: Any) -> None:
+                return None
+
+            def wait_event(self, *_: Any) -> None:
+                return None
+
+            def record_event(self, *_: Any) -> Any:
+                return SimpleNamespace(
+                    synchronize=lambda: None, wait=lambda *a: None, query=lambda: True
+                )
+
+            def query(self) -> bool:
+                return True
+
+            def __eq__(self, other: object) -> bool:
+                return self is other
+
+            def __hash__(self) -> int:
+                return self.stream_id
+
+        self.Stream = Stream
+        self.default = Stream()
+        self.current = self.default
+
+    def set(self, stream: Any) -> None:
+        if stream is None:
+            return
+        self.current = stream
+        self.recorder.stream = getattr(stream, "stream_id", 0)
+
+    @contextlib.contextmanager
+    def use(self, stream: Any = None) -> Iterator[Any]:
+        """``torch.cuda.stream(s)``: ``s`` is the current stream inside (None: unchanged)."""
+        previous = self.current
+        self.set(stream)
+        try:
+            yield stream
+        finally:
+            self.set(previous)
 
 
 def cudnn_conv_memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:

@@ -17,7 +17,7 @@ import platform
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,7 +40,10 @@ from vramscope.report.model import (
     StepStats,
 )
 from vramscope.units import format_bytes, parse_size
-from vramscope.workload import Builder, normalize_precision, resolve
+from vramscope.workload import Builder, WorkloadSpec, normalize_precision, resolve
+
+if TYPE_CHECKING:
+    from vramscope.distributed.sharding import ParallelPlan
 
 MAX_SIMULATED_STEPS = 8
 MIN_SIMULATED_STEPS = 3
@@ -67,6 +70,7 @@ def estimate(
     memory: str | int | None = None,
     steps: int = 2,
     reserved_limit: int | None = None,
+    parallel: ParallelPlan | None = None,
     trust_remote_code: bool = False,
 ) -> Report:
     """Predict peak allocated, reserved and device-used memory of ``workload`` on ``gpu``.
@@ -80,6 +84,8 @@ def estimate(
     ``reserved_limit`` caps what the allocator may reserve, as
     ``torch.cuda.set_per_process_memory_fraction`` does: it frees its cache and retries
     before it runs out, and the verdict's ``oom_at`` says where it still did.
+    ``parallel`` estimates one rank of a data-parallel job (DDP, FSDP2, HSDP, ZeRO; see
+    :mod:`vramscope.estimate.distributed`): the report is per rank, the heaviest one's.
     ``trust_remote_code``: an ``hf:`` model may run the code its repository ships.
     """
     from vramscope.hf_models import trusting_remote_code
@@ -105,30 +111,94 @@ def estimate(
     config = AllocatorConfig.parse(config_text)
     spec = resolve(workload)
     with trusting_remote_code(trust_remote_code):
-        trace = trace_workload(
+        report = _estimate_spec(
             spec,
             batch_size,
             profile,
+            total,
+            config,
+            config_text,
+            parallel,
+            precision,
+            accumulate,
+            max(steps, 2),
+            reserved_limit,
+        )
+    report.extra["estimate"]["seconds"] = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _estimate_spec(
+    spec: WorkloadSpec,
+    batch_size: int,
+    profile: GpuProfile,
+    total: int,
+    config: AllocatorConfig,
+    config_text: str | None,
+    parallel: ParallelPlan | None,
+    precision: str | None,
+    accumulate: int | None,
+    steps: int,
+    reserved_limit: int | None,
+) -> Report:
+    """Trace (one rank, or each rank that differs) and replay."""
+    if parallel is not None:
+        from vramscope.estimate.distributed import estimate_ranks
+
+        parallel.check()
+        return estimate_ranks(
+            spec,
+            batch_size,
+            profile,
+            total,
+            config,
+            config_text,
+            parallel,
             precision=precision,
             accumulate=accumulate,
-            steps=max(steps, 2),
+            steps=steps,
+            reserved_limit=reserved_limit,
+            replay_report=replay_report,
         )
+    trace = trace_workload(
+        spec, batch_size, profile, precision=precision, accumulate=accumulate, steps=steps
+    )
+    report, _ = replay_report(
+        spec.spec, batch_size, profile, total, config, config_text, trace, reserved_limit
+    )
+    return report
+
+
+def replay_report(
+    spec: str,
+    batch_size: int,
+    profile: GpuProfile,
+    total: int,
+    config: AllocatorConfig,
+    config_text: str | None,
+    trace: Trace,
+    reserved_limit: int | None = None,
+) -> tuple[Report, Replay]:
+    """Replay a trace through the allocator simulator and make its report."""
     context = context_bytes(profile, trace)
     capacity = max(0, total - context)
     if reserved_limit is not None:
         capacity = min(capacity, reserved_limit)
     result = replay_trace(trace, config, capacity, total)
-    report = _report(spec.spec, batch_size, profile, total, config, config_text, trace, result)
-    report.extra["estimate"]["seconds"] = round(time.perf_counter() - started, 3)
-    return report
+    report = _report(spec, batch_size, profile, total, config, config_text, trace, result)
+    return report, result
 
 
 def context_bytes(profile: GpuProfile, trace: Trace) -> int:
-    """The profile's context and library memory for what this step uses."""
-    return profile.context_bytes(
-        training=trace.backward_ran,
-        cudnn="cudnn" in trace.libraries,
-        cudnn_backward="cudnn_backward" in trace.libraries,
+    """The profile's context and library memory for what this step uses (and NCCL's
+    communicators, for a rank of a distributed job)."""
+    return (
+        profile.context_bytes(
+            training=trace.backward_ran,
+            cudnn="cudnn" in trace.libraries,
+            cudnn_backward="cudnn_backward" in trace.libraries,
+        )
+        + trace.communicator_bytes
     )
 
 
@@ -222,7 +292,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
 
     plans: dict[Any, int] = {}  # a kernel's plan key -> the size of the variant that ran
 
-    def alloc(key: int, size: int, where: tuple[int, str], fallback: Any) -> None:
+    def alloc(key: int, size: int, where: tuple[int, str], fallback: Any, stream: int) -> None:
         plan: Any = None
         ladder: tuple[int, ...] = ()
         if fallback is not None:
@@ -233,7 +303,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
             failed.add(key)
             return
         try:
-            ids[key] = sim.malloc(size, 0)
+            ids[key] = sim.malloc(size, stream)
         except SimulatedOOM:
             # a kernel with a smaller variant (cuDNN's other engines) makes do with less
             for smaller in ladder:
@@ -243,7 +313,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                     out.fallbacks += 1
                     return
                 try:
-                    ids[key] = sim.malloc(smaller, 0)
+                    ids[key] = sim.malloc(smaller, stream)
                 except SimulatedOOM:
                     continue
                 out.fallbacks += 1
@@ -270,7 +340,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
     # build and set-up
     for event in trace.events[: trace.setup_end]:
         if event[0] == "alloc":
-            alloc(event[1], event[2], (-1, "build"), None)
+            alloc(event[1], event[2], (-1, "build"), None, event[3])
             kinds[event[1]] = blocks[event[1]].kind
             log((_KIND, event[1], kinds[event[1]]))
         elif event[0] == "free":
@@ -308,7 +378,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                 kinds[key] = blocks[event[1]].kind
                 log((_KIND, key, kinds[key]))
                 phase_name = current.name if current else "data"
-                alloc(key, event[2], (step, phase_name), fallbacks.get(event[1]))
+                alloc(key, event[2], (step, phase_name), fallbacks.get(event[1]), event[3])
                 allocated = sim.allocated_bytes
                 if current is not None:
                     if allocated > current.peak_allocated:

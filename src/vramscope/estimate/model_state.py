@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from vramscope.errors import WorkloadError
 from vramscope.estimate.recorder import Recorder
+from vramscope.tracking.categories import local_tensor
 from vramscope.tracking.categories import tensors_in as _tensors_in
 from vramscope.workload import Workload
 
@@ -28,6 +29,7 @@ def _apply_order(module: torch.nn.Module) -> Iterator[tuple[torch.Tensor, str]]:
 
 
 def _storage(t: torch.Tensor) -> Any | None:
+    t = local_tensor(t)  # a DTensor (FSDP2): this rank's shard
     if isinstance(t, FakeTensor) and t.fake_device.type == "cuda":
         return t.untyped_storage()
     return None
@@ -36,6 +38,8 @@ def _storage(t: torch.Tensor) -> Any | None:
 def _check_device(workload: Workload, spec: str) -> None:
     """The model must be on the device build() was given; say so when it is not."""
     for name, p in list(workload.model.named_parameters())[:1000]:
+        if local_tensor(p) is not p:
+            continue  # sharded by FSDP2, which placed it (on the CPU when offloading)
         device = p.fake_device if isinstance(p, FakeTensor) else p.device
         if device.type != "cuda" or (device.index or 0) != 0:
             raise WorkloadError(
@@ -72,13 +76,24 @@ def _built_state(workload: Workload) -> list[tuple[Any, str]]:
         st = _storage(t)
         if st is not None:
             ordered.append((st, kind))
-    if workload.optimizer is not None:
-        for state in workload.optimizer.state.values():
-            for t in _tensors_in(state):
-                st = _storage(t)
-                if st is not None:
-                    ordered.append((st, "optimizer_state"))
+    for _, state in optimizer_state(workload.optimizer):
+        for t in _tensors_in(state):
+            st = _storage(t)
+            if st is not None:
+                ordered.append((st, "optimizer_state"))
     return ordered
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer | None) -> Iterator[tuple[Any, Any]]:
+    """(parameter, state) of each parameter the optimizer updates: its own state, or that of
+    the optimizer it wraps (``ZeroRedundancyOptimizer`` keeps its share's in ``optim``)."""
+    if optimizer is None:
+        return
+    inner = getattr(optimizer, "optim", None)
+    if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
+        yield from inner.state.items()
+    else:
+        yield from optimizer.state.items()
 
 
 def _label_persistent(recorder: Recorder, workload: Workload) -> None:
@@ -97,12 +112,11 @@ def _label_persistent(recorder: Recorder, workload: Workload) -> None:
             st = _storage(p.grad)
             if st is not None:
                 recorder.retag(st, "gradient")
-    if workload.optimizer is not None:
-        for state in workload.optimizer.state.values():
-            for t in _tensors_in(state):
-                st = _storage(t)
-                if st is not None:
-                    recorder.retag(st, "optimizer_state")
+    for _, state in optimizer_state(workload.optimizer):
+        for t in _tensors_in(state):
+            st = _storage(t)
+            if st is not None:
+                recorder.retag(st, "optimizer_state")
 
 
 def _module_table(
@@ -111,13 +125,10 @@ def _module_table(
     """Parameters, gradients and optimizer state each module owns (its own tensors)."""
     rows: dict[str, dict[str, Any]] = {}
     opt_state: dict[int, int] = {}
-    if workload.optimizer is not None:
-        for p, state in workload.optimizer.state.items():
-            opt_state[id(p)] = sum(
-                _block(t.untyped_storage().nbytes())
-                for t in _tensors_in(state)
-                if _storage(t) is not None
-            )
+    for p, state in optimizer_state(workload.optimizer):
+        opt_state[id(p)] = sum(
+            _block(st.nbytes()) for t in _tensors_in(state) if (st := _storage(t)) is not None
+        )
     seen: set[int] = set()
     seen_storages: set[int] = set()  # a recurrent layer's weights share one cuDNN buffer
     for name, module in workload.model.named_modules():
@@ -125,7 +136,7 @@ def _module_table(
         seen.update(id(p) for p in own)
         stored = []
         for p in own:
-            key = p.untyped_storage()._cdata
+            key = local_tensor(p).untyped_storage()._cdata
             if key not in seen_storages:
                 seen_storages.add(key)
                 stored.append(p)
@@ -133,9 +144,9 @@ def _module_table(
             "name": name,
             "class": type(module).__name__,
             "depth": 0 if not name else name.count(".") + 1,
-            "parameters_bytes": sum(_block(p.untyped_storage().nbytes()) for p in stored),
+            "parameters_bytes": sum(_block(n) for p in stored if (n := _nbytes(p)) is not None),
             "gradients_bytes": sum(
-                _block(p.untyped_storage().nbytes()) for p in stored if p.requires_grad
+                _block(n) for p in stored if p.requires_grad and (n := _nbytes(p)) is not None
             )
             if workload.training
             else 0,
@@ -148,6 +159,13 @@ def _module_table(
         }
         rows[row["name"]] = row
     return list(rows.values())
+
+
+def _nbytes(t: torch.Tensor) -> int | None:
+    """The bytes of the storage behind ``t`` on the device (None when it is elsewhere:
+    FSDP2's shards offloaded to the CPU)."""
+    st = _storage(t)
+    return st.nbytes() if st is not None else None
 
 
 def _block(nbytes: int) -> int:

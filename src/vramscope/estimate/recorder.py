@@ -65,6 +65,8 @@ class Trace:
     # of memory (0: a variant without the buffer), tried in order: cuDNN's workspaces. The
     # variant that ran is kept for later calls with the same key (torch caches cuDNN plans).
     fallbacks: dict[int, tuple[Any, tuple[int, ...]]] = field(default_factory=dict)
+    # device memory outside the caching allocator for collectives (NCCL's communicators)
+    communicator_bytes: int = 0
 
 
 class Recorder:
@@ -97,6 +99,10 @@ class Recorder:
         self.data_dependent: dict[str, str] = {}
         self.notes: list[str] = []
         self.order = 0
+        self.stream = 0  # the current CUDA stream (cuda_device._Streams sets it)
+        # > 0 while ops run that no GPU runs (DTensor's sharding propagation computes output
+        # shapes on fake tensors of the global shape): their outputs are no allocations
+        self.paused = 0
         self.lock = threading.RLock()
 
     # ---- phases ------------------------------------------------------------------------
@@ -115,7 +121,7 @@ class Recorder:
         self.accumulating = None  # another allocation came first: the sum keeps its own block
         module = self.module_stack[-1] if self.module_stack else None
         self.blocks[bid] = BlockMeta(size, self.step, self.phase, self.micro, kind, module, op)
-        self.events.append(("alloc", bid, size, 0))
+        self.events.append(("alloc", bid, size, self.stream))
         self.allocated_bytes += size
         if self.allocated_bytes > self.peak_allocated_bytes:
             self.peak_allocated_bytes = self.allocated_bytes
@@ -139,7 +145,7 @@ class Recorder:
         """A kernel's internal buffer: allocated and freed inside the op. ``fallbacks``: a
         key of the kernel's plan and the smaller sizes it makes do with when ``size`` runs out
         of memory (0: none). ``before``: an output the kernel allocates after this buffer."""
-        if not self.recording or size <= 0:
+        if not self.recording or size <= 0 or self.paused:
             return
         with self.lock:
             bid = self._alloc(size, kind, op)
@@ -154,7 +160,7 @@ class Recorder:
         ``plan``: ``("out", tensor)`` where that output's allocation (recorded already, among
         the op's latest events) goes, ``("alloc", name, size)`` and ``("free", name)`` for a
         buffer of the kernel (none when ``size`` is 0)."""
-        if not self.recording:
+        if not self.recording or self.paused:
             return
         with self.lock:
             wanted = []
@@ -200,7 +206,7 @@ class Recorder:
 
     def persistent(self, size: int, kind: str, op: str) -> int | None:
         """A buffer a library keeps for the rest of the run (cuBLAS workspaces)."""
-        if not self.recording or size <= 0:
+        if not self.recording or size <= 0 or self.paused:
             return None
         with self.lock:
             return self._alloc(size, kind, op)
@@ -212,7 +218,7 @@ class Recorder:
 
     def see(self, tensor: torch.Tensor, op: str) -> None:
         """Record the storage of ``tensor`` if it is new (called for every op output)."""
-        if not isinstance(tensor, FakeTensor) or tensor.fake_device.type != "cuda":
+        if self.paused or not isinstance(tensor, FakeTensor) or tensor.fake_device.type != "cuda":
             return
         storage = tensor.untyped_storage()
         key = storage._cdata
@@ -220,14 +226,8 @@ class Recorder:
         with self.lock:
             entry = self.live.get(key)
             if entry is not None:
-                if entry[2] == size:
-                    return
-                # resized in place (resize_, out=): the allocator hands out a new block
-                bid, ref, _ = entry
-                if bid is not None:
-                    self._free(bid)
-                    bid = self._alloc(size, "temporary", op)
-                self.live[key] = (bid, ref, size)
+                if entry[2] != size:
+                    self._resized(key, entry, size, op)
                 return
             ref = weakref.ref(storage, functools.partial(self._on_free, key))
             if self.recording:
@@ -237,6 +237,27 @@ class Recorder:
                 self.pending[key] = (ref, size, self.order)
                 self.order += 1
             self.live[key] = (bid, ref, size)
+
+    def _resized(self, key: int, entry: tuple[int | None, Any, int], size: int, op: str) -> None:
+        """A storage resized in place (``resize_``, ``out=``): the allocator frees its block
+        and hands out a new one; a storage resized to 0 holds none (FSDP frees unsharded
+        parameters so, and resizes them back for the next all-gather)."""
+        bid, ref, _ = entry
+        if bid is not None:
+            self._free(bid)
+            bid = None
+        if self.recording and size > 0:
+            bid = self._alloc(size, "temporary", op)
+        self.live[key] = (bid, ref, size)
+
+    def storage_resized(self, storage: Any) -> None:
+        """``UntypedStorage.resize_`` was called on ``storage`` (no op reaches the fake
+        mode for it): its block follows the new size."""
+        with self.lock:
+            key = storage._cdata
+            entry = self.live.get(key)
+            if entry is not None and key not in self.pending and entry[2] != storage.nbytes():
+                self._resized(key, entry, storage.nbytes(), "resize_")
 
     def _on_free(self, key: int, _ref: Any) -> None:
         with self.lock:

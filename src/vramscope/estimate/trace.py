@@ -27,7 +27,7 @@ import functools
 import logging
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -545,6 +545,27 @@ def _flex_attention_uncompiled() -> Iterator[None]:
         setattr(module, name, previous)
 
 
+@contextlib.contextmanager
+def _storage_resizes(recorder: Recorder) -> Iterator[None]:
+    """``UntypedStorage.resize_`` reaches no op of the fake mode: tell the recorder (FSDP
+    frees unsharded parameters by resizing their storage to 0, and refills them so)."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+        out = original(storage, size)
+        recorder.storage_resized(storage)
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+Setup = Callable[[Workload, Recorder], Workload]
+
+
 def trace_workload(
     spec: WorkloadSpec,
     batch_size: int,
@@ -552,8 +573,12 @@ def trace_workload(
     precision: str | None = None,
     accumulate: int | None = None,
     steps: int = 2,
+    setup: Setup | None = None,
 ) -> Trace:
-    """Build the workload and trace ``steps`` standard steps on the emulated GPU."""
+    """Build the workload and trace ``steps`` standard steps on the emulated GPU.
+
+    ``setup`` changes the built workload while the trace records (after what the build left
+    on the device, before the first step): wrapping the model in DDP, for one."""
     import time
 
     check_torch_version()
@@ -571,6 +596,7 @@ def trace_workload(
         _patched_swap(mode),
         metadata_only_initializers(mode, mode.shadows),
         mode,
+        _storage_resizes(recorder),
         kernels.AttentionKernels(profile, recorder),
         rnn.CudnnRnns(profile, recorder, mode.shadows),
         _flex_attention_uncompiled(),
@@ -603,6 +629,14 @@ def trace_workload(
         recorder.adopt_built_state(ordered)
         del ordered
         build_end = len(recorder.events)
+        recorder.set_phase("setup", -2)
+        if setup is not None:
+            with _step_errors(spec.spec, recorder):
+                workload = setup(workload, recorder)
+            names = {
+                id(m): (n or type(workload.model).__name__)
+                for n, m in workload.model.named_modules()
+            }
         params = list(workload.model.parameters())
         parameters = sum(p.numel() for p in params)
         parameter_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -610,13 +644,8 @@ def trace_workload(
         del params
         if workload.training and 0 < trained < parameters:
             recorder.notes.append(_frozen_note(trained, parameters))
-        recorder.set_phase("setup", -2)
-        try:
+        with _step_errors(spec.spec, recorder):
             runner = StepRunner(workload, CUDA)
-        except VramscopeError:
-            raise
-        except Exception as exc:
-            raise _explain_step_error(exc, spec.spec, recorder) from None
         _label_persistent(recorder, workload)
         setup_end = len(recorder.events)
         from vramscope.tracking.hooks import GlobalHooks
@@ -638,12 +667,8 @@ def trace_workload(
                     t_step = time.perf_counter()
                     step_starts.append(len(recorder.events))
                     recorder.set_phase("data", index)
-                    try:
+                    with _step_errors(spec.spec, recorder):
                         runner()
-                    except VramscopeError:
-                        raise
-                    except Exception as exc:
-                        raise _explain_step_error(exc, spec.spec, recorder) from None
                     _label_persistent(recorder, workload)
                     step_seconds.append(round(time.perf_counter() - t_step, 3))
         finally:
@@ -700,6 +725,17 @@ def _explain_build_error(exc: WorkloadError, spec: str) -> VramscopeError:
             f"{message}; the build reads tensor values, which an estimate does not have"
         )
     return exc
+
+
+@contextlib.contextmanager
+def _step_errors(spec: str, recorder: Recorder) -> Iterator[None]:
+    """An error of the workload's own code, explained in one line (ours pass through)."""
+    try:
+        yield
+    except VramscopeError:
+        raise
+    except Exception as exc:
+        raise _explain_step_error(exc, spec, recorder) from None
 
 
 def _explain_step_error(exc: BaseException, spec: str, recorder: Recorder) -> VramscopeError:

@@ -47,7 +47,22 @@ def headline(section: dict[str, Any]) -> Text:
     without = _text(section.get("max_batch_size_without_margin"))
     estimates = f"{_text(section.get('estimates') or 0)} estimates"
     text = Text()
-    text.append(f"Largest batch size: {_text(answer.get('max_batch_size'))}", style="bold green")
+    per_rank = section.get("per_rank") if isinstance(section.get("per_rank"), dict) else None
+    if per_rank is not None:
+        size = _number(answer.get("max_batch_size"))
+        world = _number(per_rank.get("world_size"))
+        text.append(
+            f"Largest batch size per GPU: {_text(answer.get('max_batch_size'))}",
+            style="bold green",
+        )
+        text.append(f" ({_text(per_rank.get('summary'))}")
+        if size is not None and world is not None:
+            text.append(f": {size * world:,} samples a step over the job")
+        text.append(")\n")
+    else:
+        text.append(
+            f"Largest batch size: {_text(answer.get('max_batch_size'))}", style="bold green"
+        )
     if answer.get("source") == "verify":
         limit = "budget" if target.get("kind") == "budget" else "GPU memory"
         text.append(
@@ -132,7 +147,10 @@ def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Gro
         parts.extend(_curve(section, "seq_len", "length", title))
     plans = _records(section.get("plans"))
     if plans:
-        t = Table(box=box.SIMPLE_HEAD, title="micro-batch × accumulation plans")
+        title = "micro-batch × accumulation plans"
+        if section.get("plans_per_gpu_of") is not None:
+            title += f" per GPU, for {_text(section['plans_per_gpu_of'])} samples over the job"
+        t = Table(box=box.SIMPLE_HEAD, title=title)
         for col in ("micro-batch", "accumulate", "allocated", "reserved", "device used", "fits"):
             t.add_column(col, justify="right")
         for p in plans:
@@ -178,15 +196,26 @@ def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Gro
 
 def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> RenderableType:
     """Strategies side by side; at narrow widths without the allocated column (reserved and
-    device used are what must fit)."""
+    device used are what must fit); per rank, what each rank holds of the model goes last."""
     method = _text(section.get("method") or "estimated")
     title = f"Strategies at batch {_text(section.get('batch_size'))} ({method})"
+    per_rank = section.get("per_rank") if isinstance(section.get("per_rank"), dict) else None
+    if per_rank is not None:
+        strategy = _text(per_rank.get("strategy"))
+        title = (
+            f"Per rank of {_text(per_rank.get('world_size'))} GPUs"
+            + (f" ({strategy})" if per_rank.get("strategy") else "")
+            + f", batch {_text(section.get('batch_size'))} per GPU ({method})"
+        )
     timed = any(_number(r.get("step_time_s")) for r in rows)
     noted = any(r.get("error") or r.get("skipped") for r in rows)
 
-    def table(allocated: bool) -> Table:
-        columns = ["strategy"] + ["allocated"] * allocated
-        columns += ["reserved", "device used", "saving", "fits"]
+    state = any(isinstance(r.get("model_state"), dict) for r in rows)
+
+    def table(allocated: bool, held_columns: bool, saving_column: bool = True) -> Table:
+        columns = ["strategy"] + ["parameters", "optimizer"] * held_columns
+        columns += ["allocated"] * allocated
+        columns += ["reserved", "device used", *["saving"] * saving_column, "fits"]
         columns += ["step time"] if timed else []
         columns += ["note"] if noted else []
         t = Table(box=box.SIMPLE_HEAD, title=title)
@@ -203,8 +232,13 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
                 continue
             saving_pct = r.get("saving_pct") if isinstance(r.get("saving_pct"), dict) else {}
             saving = _number(saving_pct.get("reserved_bytes"))
-            cells = [_text(r.get("name")), *_peak_cells(r.get("peak"), allocated)]
-            cells.append(f"{saving:+.1f}%" if saving is not None else "")
+            cells = [_text(r.get("name"))]
+            if held_columns:
+                held = r.get("model_state") if isinstance(r.get("model_state"), dict) else {}
+                cells += [b(held.get("parameters_bytes")), b(held.get("optimizer_state_bytes"))]
+            cells += _peak_cells(r.get("peak"), allocated)
+            if saving_column:
+                cells.append(f"{saving:+.1f}%" if saving is not None else "")
             cells.append("yes" if r.get("fits") else "no")
             if timed:
                 step = _number(r.get("step_time_s"))
@@ -214,4 +248,6 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
             t.add_row(*cells)
         return t
 
-    return fitting(table(allocated=True), table(allocated=False))
+    held = [table(False, True), table(False, True, saving_column=False)] if state else []
+    layouts = [table(True, state), *held, table(False, False)]
+    return fitting(*layouts)

@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from vramscope.errors import VramscopeError
 from vramscope.fit.answer import final_answer
-from vramscope.fit.strategies import (
-    NotApplicable,
-    Strategy,
-    default_strategies,
-    get_strategy,
-)
+from vramscope.fit.strategies import NotApplicable, Strategy, default_strategies, get_strategy
 from vramscope.fit.trial import TrialResult, run_trial
 from vramscope.report.model import Finding, Report
 from vramscope.units import format_bytes, parse_percent, parse_size
 from vramscope.workload import resolve
 
 if TYPE_CHECKING:
+    from vramscope.distributed.sharding import ParallelPlan
     from vramscope.zoo import HfSpec
 
 Progress = Callable[[str], None]
@@ -95,9 +91,11 @@ class Estimator:
         accumulate: int | None,
         allocator_config: str | None,
         progress: Progress | None = None,
+        parallel: ParallelPlan | None = None,
         axis: SequenceAxis | None = None,
     ) -> None:
         self.spec = spec
+        self.parallel = parallel
         self.resolved = resolve(spec)
         self.axis = axis  # None: the batch size grows; else the sequence length
         self.target = target
@@ -132,8 +130,10 @@ class Estimator:
                 accumulate=s.accumulate(self.accumulate),
                 allocator_config=s.allocator_config or self.allocator_config,
                 reserved_limit=cap,
+                parallel=self.parallel,
             )
-            report.workload.update(spec=self.spec, strategy=s.name, batch_size=batch)
+            report.workload.update(spec=self.spec, batch_size=batch)
+            report.workload["saving_strategy" if self.parallel else "strategy"] = s.name
             if self.axis is not None:
                 report.workload.update(
                     spec=self.axis.spec_at(batch_size), seq_len=self.size(batch_size)
@@ -370,13 +370,30 @@ def fit(
     effective_batch: int | None = None,
     verify: bool = False,
     progress: Progress | None = None,
+    parallel: ParallelPlan | None = None,
 ) -> Report:
-    """The largest batch size that fits, from the estimator; ``verify`` confirms it for real."""
+    """The largest batch size that fits, from the estimator; ``verify`` confirms it for real.
+    With ``parallel``, the batch size per GPU of one rank of that job (and
+    ``effective_batch`` is the job's: micro-batch × accumulation × world size)."""
     target = make_target(gpu, budget, margin)
     if max_batch_size < 1:
         raise VramscopeError(f"--max-batch-size must be 1 or more, not {max_batch_size}")
+    if parallel is not None:
+        parallel.check()
+        if verify:
+            raise VramscopeError(
+                "--verify runs trials on this machine's one GPU; with --world-size the answer "
+                "is the estimate's (benchmarks/distributed_accuracy.py compares a job)"
+            )
+        if effective_batch and effective_batch % parallel.world_size:
+            raise VramscopeError(
+                f"--effective-batch {effective_batch} is the job's batch: it must be a "
+                f"multiple of --world-size {parallel.world_size}"
+            )
     base = get_strategy("baseline")
-    est = Estimator(workload, target, base, precision, accumulate, allocator_config, progress)
+    est = Estimator(
+        workload, target, base, precision, accumulate, allocator_config, progress, parallel
+    )
     found = search_batches(est, max_batch_size)
     runs, best = found.runs, found.best
     runs_no_margin = found.runs_without_margin or 0
@@ -401,7 +418,9 @@ def fit(
     if best == 0:
         needed = est.value(1, capped=False)
         section["needed_at_batch_1_bytes"] = needed
-        closest = _closest_strategy(workload, target, precision, accumulate, allocator_config)
+        closest = _closest_strategy(
+            workload, target, precision, accumulate, allocator_config, parallel
+        )
         section["closest_strategy"] = closest
         message = (
             f"does not fit even at batch size 1: it needs {format_bytes(needed)}, "
@@ -438,8 +457,18 @@ def fit(
                     {},
                 )
             )
+    if parallel is not None:
+        section["per_rank"] = {
+            "world_size": parallel.world_size,
+            "strategy": parallel.strategy,
+            "summary": parallel.describe(),
+            "job_batch_size": best * parallel.world_size,
+        }
     if effective_batch:
-        section["plans"] = _plans(est, effective_batch, best, target)
+        per_gpu = effective_batch // (parallel.world_size if parallel else 1)
+        section["plans"] = _plans(est, per_gpu, best, target)
+        if parallel is not None:
+            section["plans_per_gpu_of"] = effective_batch
         recommended = next((p for p in section["plans"] if p["fits"]), None)
         section["recommended_plan"] = recommended
     if verify:
@@ -542,10 +571,11 @@ def fit_sequence(
     accumulate: int | None = None,
     allocator_config: str | None = None,
     progress: Progress | None = None,
+    parallel: ParallelPlan | None = None,
 ) -> Report:
     """The longest sequence of an ``hf:`` model that fits at ``batch_size``, from the
     estimator (``fit --seq-len``); for ``@generate`` the longest prompt before its new
-    tokens."""
+    tokens. ``parallel``: per rank of a data-parallel job, as :func:`fit`."""
     target = make_target(gpu, budget, margin)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise VramscopeError(f"batch size must be a whole number of 1 or more, not {batch_size!r}")
@@ -559,7 +589,15 @@ def fit_sequence(
         )
     base = get_strategy("baseline")
     est = Estimator(
-        workload, target, base, precision, accumulate, allocator_config, progress, axis=axis
+        workload,
+        target,
+        base,
+        precision,
+        accumulate,
+        allocator_config,
+        progress,
+        parallel=parallel,
+        axis=axis,
     )
     found = search_batches(est, cap, start=min(cap, 512 // axis.step))
     section = fit_section(est, found, cap)
@@ -615,6 +653,7 @@ def _plans(est: Estimator, effective: int, best: int, target: Target) -> list[di
                 est.precision,
                 (est.accumulate or 1) * steps,
                 est.allocator_config,
+                parallel=est.parallel,
             )
             plans.append(
                 {
@@ -825,12 +864,19 @@ def _trial_row(t: TrialResult) -> dict[str, Any]:
 
 
 def _closest_strategy(
-    spec: str, target: Target, precision: str | None, accumulate: int | None, config: str | None
+    spec: str,
+    target: Target,
+    precision: str | None,
+    accumulate: int | None,
+    config: str | None,
+    parallel: ParallelPlan | None = None,
 ) -> dict[str, Any] | None:
     best: dict[str, Any] | None = None
     for name in ("bf16+checkpointing+expandable", "bf16-mixed", "checkpointing", "sgd"):
         try:
-            est = Estimator(spec, target, get_strategy(name), precision, accumulate, config)
+            est = Estimator(
+                spec, target, get_strategy(name), precision, accumulate, config, parallel=parallel
+            )
             value = est.value(1, capped=False)
         except VramscopeError:  # not applicable here, or could not be estimated
             continue
@@ -851,61 +897,85 @@ def compare(
     allocator_config: str | None = None,
     measured: bool | None = None,
     progress: Progress | None = None,
+    parallel: ParallelPlan | None = None,
+    parallel_each: bool = False,
 ) -> Report:
-    """Strategies side by side (one workload), or model variants (several workloads)."""
+    """Strategies side by side (one workload), or model variants (several workloads).
+
+    With ``parallel``, every row is one rank of that job (the batch size per GPU); with
+    ``parallel_each`` too, the rows are the data-parallel strategies themselves (DDP, ZeRO,
+    FSDP, HSDP at ``parallel``'s world size and settings) and ``strategies`` picks them."""
     if not workloads:
         raise VramscopeError("give at least one workload to compare")
     target = make_target(gpu or "h200", budget, margin)
+    if parallel is not None:
+        measured = False  # one GPU here cannot run the job's ranks
+        if parallel_each and len(workloads) > 1:
+            raise VramscopeError(
+                "model variants side by side with --world-size need --strategy: the one "
+                "every variant runs"
+            )
     if measured is None:
         import torch
 
         measured = torch.cuda.is_available()
-    names = ["baseline"] if len(workloads) > 1 else (strategies or default_strategies(workloads[0]))
-    if "baseline" not in names:
-        names = ["baseline", *names]
+    rows_to_do = _compared(workloads, strategies, parallel, parallel_each)
     rows: list[dict[str, Any]] = []
     reports: dict[str, Report] = {}
-    for spec in workloads:
-        for name in names:
-            strategy = get_strategy(name)
-            label = name if len(workloads) == 1 else spec
-            row: dict[str, Any] = {
-                "name": label,
-                "strategy": name,
-                "workload": spec,
-                "description": strategy.description if len(workloads) == 1 else "model variant",
-                "cost": strategy.cost,
-                "measured": bool(measured),
-            }
-            try:
-                strategy.micro_batch(batch_size)
-                est = Estimator(spec, target, strategy, precision, accumulate, allocator_config)
-                report = est.report(batch_size)
-                reports[label] = report
-                row["estimated_peak"] = _peak_dict(report)
-                row["peak"] = dict(row["estimated_peak"])
-                if measured:
-                    trial = run_trial(
-                        spec,
-                        batch_size,
-                        strategy=name,
-                        precision=precision,
-                        accumulate=accumulate,
-                        allocator_config=allocator_config,
-                    )
-                    row["trial_status"] = trial.status
-                    if trial.status == "fits":
-                        row["peak"] = trial.peak
-                        row["step_time_s"] = trial.step_time_s
-                    else:
-                        row["error"] = trial.error
-                if progress:
-                    progress(f"{label}: {format_bytes(target.measure_of(row['peak']))}")
-            except NotApplicable as exc:
-                row["skipped"] = str(exc)
-            except VramscopeError as exc:
-                row["skipped"] = f"could not be estimated: {exc}"
-            rows.append(row)
+    for spec, label, strategy, plan, description, cost in rows_to_do:
+        name = strategy.name
+        row: dict[str, Any] = {
+            "name": label,
+            "strategy": name,
+            "workload": spec,
+            "description": description,
+            "cost": cost,
+            "measured": bool(measured),
+        }
+        if plan is not None:
+            row["parallel"] = plan.strategy
+        try:
+            strategy.micro_batch(batch_size)
+            if plan is not None:
+                try:
+                    plan.check()
+                except VramscopeError as exc:
+                    raise NotApplicable(str(exc)) from None
+            est = Estimator(
+                spec, target, strategy, precision, accumulate, allocator_config, parallel=plan
+            )
+            report = est.report(batch_size)
+            reports[label] = report
+            row["estimated_peak"] = _peak_dict(report)
+            row["peak"] = dict(row["estimated_peak"])
+            if plan is not None:  # what a rank holds of the model, by strategy
+                cats = report.categories_at_peak
+                row["model_state"] = {
+                    "parameters_bytes": cats.parameters,
+                    "optimizer_state_bytes": cats.optimizer_state,
+                }
+            if measured:
+                trial = run_trial(
+                    spec,
+                    batch_size,
+                    strategy=name,
+                    precision=precision,
+                    accumulate=accumulate,
+                    allocator_config=allocator_config,
+                )
+                row["trial_status"] = trial.status
+                if trial.status == "fits":
+                    row["peak"] = trial.peak
+                    row["step_time_s"] = trial.step_time_s
+                else:
+                    row["error"] = trial.error
+            if progress:
+                progress(f"{label}: {format_bytes(target.measure_of(row['peak']))}")
+        except NotApplicable as exc:
+            row["skipped"] = str(exc)
+        except VramscopeError as exc:
+            row["skipped"] = f"could not be estimated: {exc}"
+        rows.append(row)
     _savings(rows, target)
     recommendation = _recommend(rows, target)
     base_label = rows[0]["name"]
@@ -919,11 +989,75 @@ def compare(
         "batch_size": batch_size,
         "method": "measured" if measured else "estimated",
     }
+    if parallel is not None:
+        section["per_rank"] = {
+            "world_size": parallel.world_size,
+            "strategy": None if parallel_each else parallel.strategy,
+            "summary": None if parallel_each else parallel.describe(),
+            "side_by_side": parallel_each,
+        }
     if len(workloads) > 1:
         section["module_diff"] = _module_diff(reports)
     report.extra["fit"] = section
     report.findings = [Finding("compare", "info", recommendation["message"], {}), *report.findings]
     return report
+
+
+# data-parallel strategies compared side by side, cheapest in communication first
+PARALLEL_ORDER = ("ddp", "zero1", "zero2", "hsdp", "fsdp")
+
+
+def default_shard_size(world_size: int) -> int | None:
+    """HSDP's shard group when compared without --shard-size: a node of 8 GPUs when the world
+    is several nodes, else the largest group that leaves 2 or more replicas (None: a prime
+    world size, which HSDP cannot split)."""
+    if world_size > 8 and world_size % 8 == 0:
+        return 8
+    return next((d for d in range(world_size // 2, 1, -1) if world_size % d == 0), None)
+
+
+def _compared(
+    workloads: list[str],
+    strategies: list[str] | None,
+    parallel: ParallelPlan | None,
+    parallel_each: bool,
+) -> list[tuple[str, str, Strategy, ParallelPlan | None, str, int]]:
+    """The rows to compare: (workload, label, memory-saving strategy, data-parallel plan,
+    description, cost)."""
+    base = get_strategy("baseline")
+    if parallel is not None and parallel_each:
+        from vramscope.distributed.sharding import DESCRIPTIONS, STRATEGY_NAMES
+
+        names = strategies or list(PARALLEL_ORDER)
+        for name in names:
+            if name not in STRATEGY_NAMES:
+                raise VramscopeError(
+                    f"with --world-size and no --strategy, --strategies picks data-parallel "
+                    f"strategies ({', '.join(PARALLEL_ORDER)}), not {name!r}"
+                )
+        rows = []
+        for name in names:
+            plan = parallel.with_strategy(name)
+            label, description = name, DESCRIPTIONS[name]
+            if name == "hsdp" and parallel.shard_size is None:
+                size = default_shard_size(parallel.world_size)
+                if size is not None:  # else the row says what --shard-size must be
+                    plan = replace(plan, shard_size=size)
+                    label = f"hsdp (shard {size})"
+                    description += f", shard groups of {size} ranks"
+            rows.append((workloads[0], label, base, plan, description, PARALLEL_ORDER.index(name)))
+        return rows
+    if len(workloads) > 1:
+        return [(spec, spec, base, parallel, "model variant", 0) for spec in workloads]
+    # LoRA among the defaults for one process: with a data-parallel plan, the plan's rows
+    names = strategies or default_strategies(workloads[0], lora=parallel is None)
+    if "baseline" not in names:
+        names = ["baseline", *names]
+    rows = []
+    for name in names:
+        strategy = get_strategy(name)
+        rows.append((workloads[0], name, strategy, parallel, strategy.description, strategy.cost))
+    return rows
 
 
 def _savings(rows: list[dict[str, Any]], target: Target) -> None:

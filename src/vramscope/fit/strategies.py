@@ -59,13 +59,10 @@ class Strategy:
             or self.lora_rank
         ):
             return builder
-        from vramscope.zoo import accepts_precision
+        from vramscope.zoo import call_builder
 
         def build(batch_size: int, device: torch.device, precision: str | None = None) -> Workload:
-            if precision is not None and accepts_precision(builder):
-                workload = builder(batch_size, device, precision=precision)  # type: ignore[call-arg]
-            else:
-                workload = builder(batch_size, device)
+            workload = call_builder(builder, batch_size, device, precision)
             if not isinstance(workload, Workload):
                 return workload  # build_workload reports the wrong type
             if self.checkpointing:
@@ -218,10 +215,10 @@ DEFAULT_STRATEGIES = [
 LORA_STRATEGIES = ["lora-r8", "lora-r64", "lora-r8+checkpointing"]
 
 
-def default_strategies(spec: str) -> list[str]:
-    """The strategies ``compare`` runs when none are named: LoRA too for ``hf:`` training
-    specs (not for inference, nor when the spec already trains adapters)."""
-    if spec.startswith("hf:"):
+def default_strategies(spec: str, lora: bool = True) -> list[str]:
+    """The strategies ``compare`` runs when none are named: with ``lora``, LoRA too for
+    ``hf:`` training specs (not for inference, nor when the spec already trains adapters)."""
+    if lora and spec.startswith("hf:"):
         from vramscope.zoo import parse_hf
 
         try:

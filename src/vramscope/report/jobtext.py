@@ -42,6 +42,31 @@ def gathering(job: dict[str, Any]) -> str | None:
     return words
 
 
+def per_rank(job: dict[str, Any]) -> str | None:
+    """For a per-rank estimate: which rank was traced, and what the strategy sharded."""
+    if job.get("estimated") is not True:
+        return None
+    traced = [text(r.get("rank")) for r in records(job.get("traced_ranks"))]
+    words = f"Traced rank {' and '.join(traced) or text(job.get('rank'))} of {text(job.get('world_size'))}"
+    words += f" ({text(job.get('description'))})"
+    units = job.get("sharded_modules")
+    if isinstance(units, dict):
+        count = number(units.get("count")) or 0
+        if count:
+            words += (
+                f"; fully_shard on {count:g} × {text(units.get('class'))} "
+                f"({text(units.get('chosen_by'))}), then the root: "
+                f"{text(job.get('groups'))} groups"
+            )
+        else:
+            words += "; fully_shard on the root alone: one group"
+    host = job.get("host_bytes")
+    if isinstance(host, dict):
+        total = sum(number(v) or 0 for v in host.values())
+        words += f"; offloaded to host memory: {b(total)}"
+    return words
+
+
 def memory(job: dict[str, Any]) -> list[dict[str, str]]:
     """Each piece of distributed memory: its label, its size in words, its note."""
     items = []

@@ -58,6 +58,11 @@ def _header(report: Report) -> Text:
         heaviest = job.get("heaviest_rank")
         if heaviest is not None and heaviest == job.get("rank"):
             text.append(", the heaviest")
+    elif job.get("estimated") and job.get("world_size") is not None:  # a per-rank estimate
+        text.append(f"\nper rank (per GPU, batch size per GPU) of {_s(job.get('summary'))}")
+        text.append(f"; rank {_s(job.get('rank'))}")
+        if job.get("heaviest_rank") == job.get("rank"):
+            text.append(", the heaviest")
         elif heaviest is not None:
             text.append(f"; peak and categories: rank {_s(heaviest)}'s, the heaviest")
     if report.exit.status != "ok":
@@ -329,6 +334,9 @@ def _job_lines(report: Report) -> list[Text]:
     """The imbalance, how the ranks' reports came, and the distributed memory, in words."""
     job = _job(report)
     lines = []
+    traced = jobtext.per_rank(job)
+    if traced:
+        lines.append(Text(traced))
     spread, gathered = jobtext.imbalance(job), jobtext.gathering(job)
     if spread:
         lines.append(Text(spread))

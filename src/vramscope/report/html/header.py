@@ -41,6 +41,12 @@ def context(report: Report) -> dict[str, Any]:
                 f"peaks of rank {job['rank']}"
                 + (" (heaviest)" if job.get("heaviest_rank") == job["rank"] else "")
             )
+    elif isinstance(job, dict) and job.get("estimated") and job.get("world_size"):
+        chips.append(f"per rank of {job.get('summary') or job['world_size']}")
+        chips.append(
+            f"rank {job.get('rank')}"
+            + (" (heaviest)" if job.get("heaviest_rank") == job.get("rank") else "")
+        )
     device = str(d.get("name") or d.get("type") or "unknown device")
     if d.get("total_bytes"):
         device += f" · {b(d['total_bytes'])}"

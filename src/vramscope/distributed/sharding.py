@@ -1,0 +1,384 @@
+"""Data-parallel strategies applied to a built workload, as a training script applies them:
+DDP, FSDP2 (``fully_shard``), HSDP, ZeRO-1 and ZeRO-2, each with torch's own objects.
+
+A :class:`ParallelPlan` names the strategy, the world size and the strategy's settings;
+:func:`apply_plan` wraps the workload's model (``DistributedDataParallel``, or
+``fully_shard`` on each transformer block and then the root) and rebuilds its optimizer
+over the new parameters, so a ``build(batch_size, device)`` function written for one GPU
+is used unchanged. The estimator applies a plan under torch's fake process group
+(:mod:`vramscope.estimate.distributed`); a measured job applies the same plan under a real
+one (``benchmarks/distributed_accuracy.py``).
+
+What each strategy is, in torch's terms:
+
+* ``ddp``: ``DistributedDataParallel``: every rank holds the whole model, its gradients and
+  the optimizer state, plus DDP's flat gradient buckets (``bucket_cap_mb``, 25 MiB by
+  default, the first one 1 MiB; none extra with ``gradient_as_bucket_view``).
+* ``fsdp``: ``fully_shard`` on each repeated block, then on the root: parameters, gradients
+  and optimizer state are sharded over the world; a block's parameters are all-gathered for
+  its forward and backward (ZeRO-3).
+* ``hsdp``: the same on a 2-D mesh: sharded within groups of ``shard_size`` ranks (a node),
+  replicated across the groups.
+* ``zero1``: DDP with ``ZeroRedundancyOptimizer``: the optimizer state is partitioned, each
+  rank updating whole parameters of its share.
+* ``zero2``: ``fully_shard(reshard_after_forward=False)`` (what FSDP calls SHARD_GRAD_OP):
+  gradients and optimizer state sharded; parameters kept gathered from forward to the end
+  of backward.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+
+from vramscope.errors import VramscopeError
+from vramscope.workload import Workload
+
+STRATEGY_NAMES = ("ddp", "fsdp", "hsdp", "zero1", "zero2")
+DESCRIPTIONS = {
+    "ddp": "DistributedDataParallel: the whole model on every rank, plus gradient buckets",
+    "zero1": "DDP with ZeroRedundancyOptimizer: optimizer state partitioned",
+    "zero2": "fully_shard, parameters kept gathered through backward: gradients and "
+    "optimizer state sharded",
+    "fsdp": "fully_shard per block: parameters, gradients and optimizer state sharded",
+    "hsdp": "fully_shard on a 2-D mesh: sharded within a group, replicated across",
+}
+SHARDED = ("fsdp", "hsdp", "zero2")  # FSDP2 underneath
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEFAULT_SHARD_SIZE = 8  # HSDP: one node of 8 GPUs
+DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedDataParallel's bucket_cap_mb
+MAX_WORLD_SIZE = 1 << 20
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """One data-parallel job, as one rank sees it."""
+
+    strategy: str
+    world_size: int
+    rank: int = 0
+    shard_size: int | None = None  # hsdp: ranks that shard the model
+    # None: fully_shard's default for fsdp/hsdp (every group but the root), False for zero2
+    reshard_after_forward: bool | None = None
+    param_dtype: str | None = None  # FSDP2 MixedPrecisionPolicy: bf16, fp16, fp32
+    reduce_dtype: str | None = None
+    cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy
+    bucket_cap_mb: float | None = None  # ddp/zero1; None: DDP's 25
+    gradient_as_bucket_view: bool = False
+    shard_module: str | None = None  # the class fully_shard is applied to
+
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP2 shards the parameters (fsdp, hsdp, zero2)."""
+        return self.strategy in SHARDED
+
+    @property
+    def shard_group_size(self) -> int:
+        """Ranks that share one copy of the model state: its shards."""
+        if self.strategy == "hsdp":
+            return self.shard_size or DEFAULT_SHARD_SIZE
+        return self.world_size if self.sharded else 1
+
+    @property
+    def replicate_size(self) -> int:
+        return self.world_size // self.shard_group_size if self.sharded else self.world_size
+
+    @property
+    def resharding(self) -> bool:
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        return self.strategy != "zero2"
+
+    @property
+    def bucket_cap(self) -> float:
+        return DEFAULT_BUCKET_CAP_MB if self.bucket_cap_mb is None else self.bucket_cap_mb
+
+    def with_rank(self, rank: int) -> ParallelPlan:
+        return replace(self, rank=rank)
+
+    def with_strategy(self, strategy: str) -> ParallelPlan:
+        """The same job under another strategy, keeping the settings that strategy takes."""
+        sharded = strategy in SHARDED
+        return replace(
+            self,
+            strategy=strategy,
+            shard_size=self.shard_size if strategy == "hsdp" else None,
+            # zero2 is fully_shard without resharding: the setting is fsdp's and hsdp's
+            reshard_after_forward=(
+                self.reshard_after_forward if strategy in ("fsdp", "hsdp") else None
+            ),
+            shard_module=self.shard_module if sharded else None,
+            param_dtype=self.param_dtype if sharded else None,
+            reduce_dtype=self.reduce_dtype if sharded else None,
+            cpu_offload=self.cpu_offload and sharded,
+            bucket_cap_mb=None if sharded else self.bucket_cap_mb,
+            gradient_as_bucket_view=self.gradient_as_bucket_view and not sharded,
+        )
+
+    def check(self) -> ParallelPlan:
+        """Raise a one-line VramscopeError for a plan torch would refuse or that means
+        nothing; return the plan."""
+        s = self.strategy
+        if s not in STRATEGY_NAMES:
+            raise VramscopeError(
+                f"unknown --strategy {s!r}; use one of {', '.join(STRATEGY_NAMES)}"
+            )
+        n = self.world_size
+        if not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= MAX_WORLD_SIZE:
+            raise VramscopeError(
+                f"--world-size must be a whole number from 2 to {MAX_WORLD_SIZE}, not {n!r} "
+                "(for one GPU, estimate without --world-size)"
+            )
+        if not 0 <= self.rank < n:
+            raise VramscopeError(f"rank {self.rank} is not in a world of {n} ranks")
+        if s == "hsdp":
+            size = self.shard_group_size
+            if self.shard_size is None and (n <= size or n % size):
+                raise VramscopeError(
+                    f"--strategy hsdp shards within groups of --shard-size ranks and "
+                    f"replicates across them; the default, {DEFAULT_SHARD_SIZE} (one node), "
+                    f"does not split a world of {n}: give --shard-size"
+                )
+            if not 2 <= size < n or n % size:
+                raise VramscopeError(
+                    f"--shard-size {size} must divide the world size {n} and be from 2 to "
+                    f"{n // 2} (a shard group of {n} ranks is --strategy fsdp)"
+                )
+        elif self.shard_size is not None:
+            raise VramscopeError("--shard-size applies to --strategy hsdp only")
+        fsdp_only = {
+            "--reshard-after-forward": self.reshard_after_forward is not None,
+            "--param-dtype": self.param_dtype is not None,
+            "--reduce-dtype": self.reduce_dtype is not None,
+            "--cpu-offload": self.cpu_offload,
+            "--shard-module": self.shard_module is not None,
+        }
+        ddp_only = {
+            "--bucket-cap-mb": self.bucket_cap_mb is not None,
+            "--gradient-as-bucket-view": self.gradient_as_bucket_view,
+        }
+        if not self.sharded:
+            for flag, given in fsdp_only.items():
+                if given:
+                    raise VramscopeError(
+                        f"{flag} applies to FSDP2 (--strategy fsdp, hsdp or zero2), not to {s}"
+                    )
+        else:
+            for flag, given in ddp_only.items():
+                if given:
+                    raise VramscopeError(f"{flag} applies to DDP (--strategy ddp or zero1)")
+        if s == "zero2" and self.reshard_after_forward:
+            raise VramscopeError(
+                "zero2 keeps parameters gathered after forward; --reshard-after-forward "
+                "makes it --strategy fsdp"
+            )
+        for flag, name in (
+            ("--param-dtype", self.param_dtype),
+            ("--reduce-dtype", self.reduce_dtype),
+        ):
+            if name is not None and name not in DTYPES:
+                raise VramscopeError(f"{flag} must be one of {', '.join(DTYPES)}, not {name!r}")
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise VramscopeError(f"--bucket-cap-mb must be more than 0, not {self.bucket_cap_mb}")
+        return self
+
+    def describe(self) -> str:
+        """``fsdp over 64 ranks`` with its non-default settings, in a few words."""
+        words = [f"{self.strategy} over {self.world_size} ranks"]
+        if self.strategy == "hsdp":
+            words.append(f"shard groups of {self.shard_group_size}, {self.replicate_size} replicas")
+        if self.sharded:
+            if self.reshard_after_forward is not None and self.strategy != "zero2":
+                words.append(f"reshard after forward {'on' if self.resharding else 'off'}")
+            if self.param_dtype or self.reduce_dtype:
+                words.append(
+                    f"parameters in {self.param_dtype or 'their dtype'}, gradients reduced in "
+                    f"{self.reduce_dtype or self.param_dtype or 'their dtype'}"
+                )
+            if self.cpu_offload:
+                words.append("CPU offload")
+        else:
+            if self.bucket_cap_mb is not None:
+                words.append(f"buckets of {self.bucket_cap_mb:g} MiB")
+            if self.gradient_as_bucket_view:
+                words.append("gradients as bucket views")
+        return ", ".join(words)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            shard_group_size=self.shard_group_size,
+            replicate_size=self.replicate_size,
+            reshard_after_forward=self.resharding if self.sharded else None,
+            bucket_cap_mb=None if self.sharded else self.bucket_cap,
+        )
+        return data
+
+
+# ---- which modules are sharded ------------------------------------------------------------------
+
+
+def shard_units(model: torch.nn.Module, shard_module: str | None = None) -> list[torch.nn.Module]:
+    """The modules ``fully_shard`` is applied to before the root: every module of the class
+    named ``shard_module``, else the model's repeated blocks (the largest run of alike,
+    parameter-holding children of a ModuleList or Sequential: the transformer blocks);
+    innermost first. Empty: the root is the only group."""
+    from vramscope.fit.strategies import repeated_blocks
+
+    if shard_module is None:
+        return repeated_blocks(model)
+    found = [
+        (name.count("."), m)
+        for name, m in model.named_modules()
+        if name and shard_module in (type(m).__name__, f"{type(m).__module__}.{type(m).__name__}")
+    ]
+    if not found:
+        classes = sorted({type(m).__name__ for _, m in model.named_modules()})
+        raise VramscopeError(
+            f"--shard-module {shard_module}: the model has no module of that class; its "
+            f"classes: {', '.join(classes[:12])}{', …' if len(classes) > 12 else ''}"
+        )
+    return [m for _, m in sorted(found, key=lambda item: -item[0])]
+
+
+# ---- applying a plan ---------------------------------------------------------------------------
+
+
+@dataclass
+class Applied:
+    """What applying a plan made: the workload and what the report says about it."""
+
+    workload: Workload
+    units: list[str]  # modules sharded before the root (FSDP), by name
+    unit_class: str | None
+    groups: int  # FSDP groups (0 for DDP)
+    ddp: torch.nn.Module | None = None
+    zero: Any = None  # the ZeroRedundancyOptimizer, for zero1
+
+
+def apply_plan(
+    workload: Workload,
+    plan: ParallelPlan,
+    device: torch.device,
+    *,
+    pin_memory: bool = True,
+    ddp_kwargs: dict[str, Any] | None = None,
+) -> Applied:
+    """Apply ``plan`` to a built ``workload`` on ``device`` (a process group must exist)."""
+    if plan.sharded:
+        return _apply_fsdp(workload, plan, device, pin_memory)
+    return _apply_ddp(workload, plan, device, ddp_kwargs or {})
+
+
+def _apply_ddp(
+    workload: Workload, plan: ParallelPlan, device: torch.device, kwargs: dict[str, Any]
+) -> Applied:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if plan.bucket_cap_mb is not None:
+        # an explicit cap applies to every bucket; left out, DDP's first bucket is 1 MiB
+        kwargs = {**kwargs, "bucket_cap_mb": plan.bucket_cap_mb}
+    model = DistributedDataParallel(
+        workload.model,
+        device_ids=[device.index or 0] if device.type == "cuda" else None,
+        gradient_as_bucket_view=plan.gradient_as_bucket_view,
+        **kwargs,
+    )
+    optimizer = workload.optimizer
+    zero = None
+    if plan.strategy == "zero1" and optimizer is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        zero = ZeroRedundancyOptimizer(
+            _param_groups(optimizer, None),
+            optimizer_class=type(optimizer),
+            **_constructor_defaults(optimizer),
+        )
+        optimizer = zero
+    done = replace(workload, model=model, optimizer=optimizer)
+    return Applied(done, [], None, 0, ddp=model, zero=zero)
+
+
+def _apply_fsdp(
+    workload: Workload, plan: ParallelPlan, device: torch.device, pin_memory: bool
+) -> Applied:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    model = workload.model
+    names = {id(p): n for n, p in model.named_parameters()}
+    if plan.strategy == "hsdp":
+        mesh = init_device_mesh(
+            device.type,
+            (plan.replicate_size, plan.shard_group_size),
+            mesh_dim_names=("replicate", "shard"),
+        )
+    else:
+        mesh = init_device_mesh(device.type, (plan.world_size,))
+    options: dict[str, Any] = {"mesh": mesh}
+    if plan.reshard_after_forward is not None or plan.strategy == "zero2":
+        # left out, fully_shard reshards every group but the root (gathered again at once
+        # for backward)
+        options["reshard_after_forward"] = plan.resharding
+    if plan.param_dtype or plan.reduce_dtype:
+        options["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=DTYPES.get(plan.param_dtype or ""),
+            reduce_dtype=DTYPES.get(plan.reduce_dtype or ""),
+        )
+    if plan.cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
+    units = shard_units(model, plan.shard_module)
+    unit_class = type(units[0]).__name__ if units else None  # fully_shard renames the class
+    module_names = {id(m): n for n, m in model.named_modules()}
+    for unit in units:
+        fully_shard(unit, **options)
+    fully_shard(model, **options)
+    optimizer = workload.optimizer
+    if optimizer is not None:
+        optimizer = type(optimizer)(
+            _param_groups(optimizer, (names, dict(model.named_parameters()))),
+            **_constructor_defaults(optimizer),
+        )
+    done = replace(workload, model=model, optimizer=optimizer)
+    return Applied(
+        done,
+        [module_names[id(u)] for u in units],
+        unit_class,
+        len(units) + 1,
+    )
+
+
+def _param_groups(
+    optimizer: torch.optim.Optimizer,
+    renamed: tuple[dict[int, str], dict[str, torch.nn.Parameter]] | None,
+) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups, hyperparameters kept; with ``renamed`` (each old
+    parameter's name, each name's new parameter), over the new parameters."""
+    groups = []
+    for group in optimizer.param_groups:
+        params = list(group["params"])
+        if renamed is not None:
+            names, new = renamed
+            missing = [p for p in params if names.get(id(p)) not in new]
+            if missing:
+                raise VramscopeError(
+                    "the optimizer holds a parameter that is not the model's; sharding "
+                    "rebuilds the optimizer over the model's parameters"
+                )
+            params = [new[names[id(p)]] for p in params]
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+    return groups
+
+
+def _constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's defaults its constructor accepts (to make one of the same kind)."""
+    try:
+        accepted = inspect.signature(type(optimizer).__init__).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in accepted}

@@ -1,0 +1,758 @@
+"""Per-rank estimates of a data-parallel job (DDP, FSDP2, HSDP, ZeRO) without its GPUs.
+
+One rank is traced, not N: torch's fake process group (``FakeProcessGroup``: collectives
+that move nothing) stands in for the job, so the world can be 8 or 1024 ranks on a laptop.
+The strategy is applied to the built workload with torch's own objects
+(:mod:`vramscope.distributed.sharding`): ``fully_shard`` inside the build (the model is
+materialized as shards, as a job that initializes on the meta device, or calls
+``torch.cuda.empty_cache()`` after sharding, holds it), ``DistributedDataParallel`` while the
+trace records (its set-up broadcast and buckets are on the device like the model). What
+torch's code does on a rank is then traced as on one GPU: FSDP's all-gather outputs and
+reduce-scatter inputs, the groups it prefetches and when it frees them, on the streams it
+uses; DDP's buckets, rebuilt after the first step.
+
+Ranks differ only where the model does not split evenly: FSDP pads every shard alike but
+the optimizer state follows the unpadded shard, which is largest on rank 0;
+``ZeroRedundancyOptimizer`` gives whole parameters to ranks, greedily. The heaviest rank is
+found from the objects and traced when it is not rank 0.
+
+NCCL's own buffers are outside the caching allocator: device used adds a constant per
+communicator (:data:`NCCL_BYTES`), not calibrated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vramscope.distributed.sharding import Applied, ParallelPlan, apply_plan
+from vramscope.errors import VramscopeError
+from vramscope.estimate.cuda_device import CUDA
+from vramscope.estimate.recorder import Recorder, Trace
+from vramscope.report.model import Finding, Report
+from vramscope.units import format_bytes
+from vramscope.workload import Builder, Workload, WorkloadSpec
+
+MiB = 2**20
+# NCCL's device memory per communicator, outside the caching allocator (its buffers per
+# channel and peer). Measured by a user on 4 A100s with NVLink, one 4 MB all-reduce per
+# group (NVIDIA/nccl issue 964): 544 MB for a group of 2 ranks, 688 MB for more. It depends
+# on the GPUs, the links, the NCCL version and its settings (NCCL_BUFFSIZE, channels).
+NCCL_BYTES = {2: 544 * MiB, 3: 688 * MiB}
+NCCL_SOURCE = (
+    "NCCL's buffers are outside the caching allocator: a constant per communicator (544 MiB "
+    "for 2 ranks, 688 MiB for more, as measured on 4 A100s with NVLink in NVIDIA/nccl issue "
+    "964), not calibrated"
+)
+
+
+def nccl_bytes(ranks: int) -> int:
+    """NCCL's device memory for one communicator of ``ranks`` ranks (none for 1)."""
+    if ranks < 2:
+        return 0
+    return NCCL_BYTES[2] if ranks == 2 else NCCL_BYTES[3]
+
+
+def communicators(plan: ParallelPlan) -> list[dict[str, Any]]:
+    """The NCCL communicators a rank of ``plan`` creates: one over the world; HSDP's shard
+    group and replicate group instead."""
+    if plan.strategy == "hsdp":
+        groups = [("shard", plan.shard_group_size), ("replicate", plan.replicate_size)]
+    else:
+        groups = [("world", plan.world_size)]
+    return [
+        {"group": name, "ranks": size, "bytes": nccl_bytes(size), "calibrated": False}
+        for name, size in groups
+        if size > 1
+    ]
+
+
+# ---- the fake process group ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
+    """torch's fake process group as the default group of ``world_size`` ranks, this process
+    being ``rank``; destroyed afterwards."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise VramscopeError(
+            "this build of torch has no torch.distributed: per-rank estimates need it"
+        )
+    if dist.is_initialized():
+        raise VramscopeError(
+            "this process already has a process group; a per-rank estimate sets up its own "
+            "(fake) one: estimate in a process without one"
+        )
+    try:  # registers the "fake" backend
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as exc:
+        raise VramscopeError(
+            f"torch {torch.__version__} has no fake process group ({exc}); per-rank estimates "
+            "need torch 2.11 or newer"
+        ) from None
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- DDP under fake tensors --------------------------------------------------------------------
+
+
+def _in_place_hook(state: Any, bucket: Any) -> torch.futures.Future:
+    """DDP's all-reduce, as it touches memory: in place on the bucket (the fake group's own
+    work has no value for the reducer to read)."""
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+class _QuietLogger:
+    """DDP's logger without its runtime statistics, which need a CUDA timer this process
+    does not have; everything else goes to DDP's own logger."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def set_runtime_stats_and_log(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+
+class _HostTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """Host tensors made for real: the reducer writes the rebuilt bucket order into a CPU
+    tensor through its pointer (to broadcast it from rank 0)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.empty.memory_format:
+            device = kwargs.get("device")
+            if device is None or torch.device(device).type == "cpu":
+                from torch.utils._mode_utils import no_dispatch
+
+                with no_dispatch():
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+class _Reducer:
+    """DDP's reducer, its bucket rebuild run with real host tensors."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        with _HostTensors():
+            return self._reducer._rebuild_buckets()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, **values: Any) -> Iterator[None]:
+    """``owner``'s attributes set to ``values`` inside, put back afterwards."""
+    originals = {name: getattr(owner, name) for name in values}
+    for name, value in values.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in originals.items():
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
+def _no_shape_check() -> Iterator[None]:
+    """DDP checks that every rank's parameters have the same shapes by reading them; under a
+    fake group every rank is this one."""
+    import torch.nn.parallel.distributed as ddp_module
+
+    with _replaced(ddp_module, _verify_param_shape_across_processes=lambda *a, **k: None):
+        yield
+
+
+# ---- FSDP's buffers, tagged -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _fsdp_tags(tracer: RankTracer) -> Iterator[None]:
+    """Tag the blocks FSDP2 makes to communicate while the trace runs: each group's
+    all-gather output (``foreach_all_gather``), its unsharded parameters (the copy-out's
+    targets) and its reduce-scatter input (``foreach_reduce``)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as module
+
+    gather, copy_out, reduce = (
+        module.foreach_all_gather,
+        module.foreach_all_gather_copy_out,
+        module.foreach_reduce,
+    )
+
+    def foreach_all_gather(fsdp_params: Any, *args: Any, **kwargs: Any) -> Any:
+        result = gather(fsdp_params, *args, **kwargs)
+        if result is not None:
+            tracer.tag(result.all_gather_output, "all_gather", fsdp_params)
+        return result
+
+    def foreach_all_gather_copy_out(
+        result: Any, fsdp_params: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        out = copy_out(result, fsdp_params, *args, **kwargs)
+        for fsdp_param in fsdp_params:
+            for tensor in fsdp_param.all_gather_outputs:
+                tracer.tag(tensor, "unsharded", fsdp_params)
+        return out
+
+    def foreach_reduce(fsdp_params: Any, *args: Any, **kwargs: Any) -> Any:
+        result = reduce(fsdp_params, *args, **kwargs)
+        tracer.tag(result[0], "reduce_scatter", fsdp_params)
+        return result
+
+    with _replaced(
+        module,
+        foreach_all_gather=foreach_all_gather,
+        foreach_all_gather_copy_out=foreach_all_gather_copy_out,
+        foreach_reduce=foreach_reduce,
+    ):
+        yield
+
+
+# ---- one rank, traced -------------------------------------------------------------------------
+
+
+@dataclass
+class RankTracer:
+    """The strategy applied to one traced rank, and what is known of its memory."""
+
+    plan: ParallelPlan
+    applied: Applied | None = None
+    recorder: Recorder | None = None
+    tags: dict[int, tuple[str, str]] = field(default_factory=dict)  # block -> (what, group)
+    group_names: dict[int, str] = field(default_factory=dict)  # id(FSDPParam) -> group
+    buckets: set[int] = field(default_factory=set)  # blocks of DDP's buckets
+    bucket_sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # (step, index)
+
+    def builder(self, builder: Builder) -> Builder:
+        """``builder`` with FSDP2 applied to what it builds (the model materialized as
+        shards: what the build made whole is not on the device). DDP is applied later,
+        while the trace records (:meth:`setup`)."""
+        if not self.plan.sharded:
+            return builder
+
+        def build(batch_size: int, device: torch.device, precision: str | None = None) -> Workload:
+            from vramscope.zoo import call_builder
+
+            workload = call_builder(builder, batch_size, device, precision)
+            if not isinstance(workload, Workload):
+                return workload  # build_workload reports the wrong type
+            self.applied = apply_plan(workload, self.plan, device, pin_memory=False)
+            self._name_groups(self.applied.workload.model)
+            return self.applied.workload
+
+        build.__qualname__ = getattr(builder, "__qualname__", "build")
+        return build
+
+    def setup(self, workload: Workload, recorder: Recorder) -> Workload:
+        """Wrap the model in DDP (and the optimizer in ZeroRedundancyOptimizer) while the
+        trace records; the buckets DDP makes are labelled."""
+        self.recorder = recorder
+        if self.plan.sharded:
+            return workload
+        from vramscope.estimate.model_state import _force_foreach
+
+        before = set(recorder.live)
+        with _no_shape_check():
+            applied = apply_plan(workload, self.plan, CUDA)
+        ddp = applied.ddp
+        assert ddp is not None
+        ddp.register_comm_hook(None, self.all_reduce)
+        ddp.logger = _QuietLogger(ddp.logger)
+        ddp.reducer = _Reducer(ddp.reducer)
+        params = {p.untyped_storage()._cdata for p in ddp.parameters()}
+        for key in set(recorder.live) - before - params:
+            self._bucket(recorder.live[key][0])
+        if applied.zero is not None:
+            _force_foreach(applied.zero.optim)
+        self.applied = applied
+        return applied.workload
+
+    def all_reduce(self, state, bucket):  # type: ignore[no-untyped-def]
+        """DDP's communication hook: the buckets it all-reduces are labelled, the reduction
+        is in place (:func:`_in_place_hook`). Not annotated: DDP accepts a ``bucket``
+        annotated with the class ``GradBucket`` or none."""
+        recorder = self.recorder
+        buffer = bucket.buffer()
+        if recorder is not None:
+            entry = recorder.live.get(buffer.untyped_storage()._cdata)
+            if entry is not None:
+                self._bucket(entry[0])
+            self.bucket_sizes[(recorder.step, bucket.index())] = (
+                buffer.numel() * buffer.element_size()
+            )
+        return _in_place_hook(state, bucket)
+
+    def _bucket(self, block: int | None) -> None:
+        if block is None or self.recorder is None:
+            return
+        self.buckets.add(block)
+        meta = self.recorder.blocks.get(block)
+        if meta is not None:  # the gradients themselves when they are views of the buckets
+            meta.kind = "gradient" if self.plan.gradient_as_bucket_view else "other"
+
+    def tag(self, tensor: Any, what: str, fsdp_params: Any) -> None:
+        recorder = self.recorder
+        if recorder is None or not isinstance(tensor, torch.Tensor):
+            return
+        entry = recorder.live.get(tensor.untyped_storage()._cdata)
+        if entry is not None and entry[0] is not None:
+            group = self.group_names.get(id(fsdp_params[0]), "?") if fsdp_params else "?"
+            self.tags[entry[0]] = (what, group)
+
+    def _name_groups(self, model: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        for name, module in model.named_modules():
+            if isinstance(module, FSDPModule):
+                group = module._get_fsdp_state()._fsdp_param_group
+                for fsdp_param in group.fsdp_params if group is not None else ():
+                    self.group_names[id(fsdp_param)] = name or "the root"
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The fake process group of this rank, DTensor's shape propagation unrecorded and
+        FSDP's buffers tagged."""
+        with (
+            fake_process_group(self.plan.world_size, self.plan.rank),
+            _unrecorded_propagation(self),
+        ):
+            if self.plan.sharded:
+                with _fsdp_tags(self), _chunks_on_demand():
+                    yield
+            else:
+                yield
+
+
+class _Chunks(Sequence):
+    """``torch.chunk(tensor, count, dim)`` padded with empty tensors to ``count`` chunks, as
+    FSDP2 splits a parameter over a shard group (``_chunk_with_empty``), each chunk made
+    when it is asked for: FSDP asks for its own rank's and rank 0's (the padded size), so a
+    world of 1024 makes 2 views per parameter instead of 1024."""
+
+    def __init__(self, tensor: torch.Tensor, count: int, dim: int) -> None:
+        self.tensor, self.count, self.dim = tensor, count, dim
+        size = tensor.size(dim)
+        self.step = -(-size // count)
+        # how many chunks torch.chunk returns (all of them, empty, for an empty dimension)
+        self.made = -(-size // self.step) if size else count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        if index < 0:
+            index += self.count
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        if index < self.made:
+            start = index * self.step
+            length = min(self.step, self.tensor.size(self.dim) - start)
+            return self.tensor.narrow(self.dim, start, length)
+        return self[0].new_empty(0)
+
+
+@contextlib.contextmanager
+def _chunks_on_demand() -> Iterator[None]:
+    """FSDP2's parameter chunks made on demand (:class:`_Chunks`)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    with _replaced(_fsdp_param, _chunk_with_empty=_Chunks):
+        yield
+
+
+@contextlib.contextmanager
+def _unrecorded_propagation(tracer: RankTracer) -> Iterator[None]:
+    """DTensor finds an op's output shape by running it on fake tensors of the global
+    shape (the first time it meets the op and its inputs: the first optimizer step over
+    sharded parameters); no GPU allocates those."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = tracer.recorder
+        if recorder is None:
+            return original(self, *args, **kwargs)
+        recorder.paused += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.paused -= 1
+
+    with _replaced(ShardingPropagator, _propagate_tensor_meta_non_cached=propagate):
+        yield
+
+
+def trace_rank(
+    spec: WorkloadSpec,
+    batch_size: int,
+    profile: Any,
+    plan: ParallelPlan,
+    precision: str | None,
+    accumulate: int | None,
+    steps: int,
+) -> tuple[Trace, RankTracer, dict[str, Any]]:
+    """Trace ``plan.rank`` of the job; the trace, the tracer (its objects alive) and what
+    differs between ranks (``loads``)."""
+    from vramscope.estimate.trace import trace_workload
+
+    tracer = RankTracer(plan)
+    wrapped = WorkloadSpec(spec.spec, tracer.builder(spec.builder))
+    with tracer.running():
+        trace = trace_workload(
+            wrapped,
+            batch_size,
+            profile,
+            precision=precision,
+            accumulate=accumulate,
+            steps=steps,
+            setup=tracer.setup,
+        )
+        loads = rank_loads(tracer)
+    trace.communicator_bytes = sum(c["bytes"] for c in communicators(plan))
+    return trace, tracer, loads
+
+
+def rank_loads(tracer: RankTracer) -> dict[str, Any]:
+    """What differs between ranks: the elements of optimizer state each rank holds, when
+    they differ (``ZeroRedundancyOptimizer``'s greedy partition; FSDP's last shards of a
+    dimension that does not divide), the heaviest and lightest rank, and the traced rank's
+    optimizer state bytes per element."""
+    applied, plan = tracer.applied, tracer.plan
+    if applied is None or applied.workload.optimizer is None:
+        return {}
+    from vramscope.estimate.model_state import _storage, optimizer_state
+    from vramscope.tracking.categories import tensors_in
+
+    state_bytes = 0
+    for _, state in optimizer_state(applied.workload.optimizer):
+        for t in tensors_in(state):
+            st = _storage(t)
+            if st is not None:
+                state_bytes += -(-st.nbytes() // 512) * 512  # the allocator's blocks
+    if applied.zero is not None:
+        parts = applied.zero._partition_parameters()
+        loads = [sum(p.numel() for g in groups for p in g["params"]) for groups in parts]
+        by = "ZeroRedundancyOptimizer gives whole parameters to ranks, largest first"
+    elif plan.sharded:
+        size = plan.shard_group_size
+        loads = [0] * size
+        for p in applied.workload.model.parameters():
+            rows = p.shape[0] if p.dim() else 1
+            per_row = p.numel() // rows if rows else 0
+            chunk = -(-rows // size)
+            for k in range(size):
+                loads[k] += max(0, min(chunk, rows - k * chunk)) * per_row
+        by = (
+            "FSDP pads every rank's shard alike, but optimizer state follows the unpadded "
+            "shard: where dimension 0 does not divide by the shard group, the last ranks "
+            "hold less"
+        )
+    else:
+        return {}
+    traced = loads[plan.rank % len(loads)]
+    heaviest = max(range(len(loads)), key=lambda k: (loads[k], -k))
+    lightest = min(range(len(loads)), key=lambda k: (loads[k], k))
+    per_element = state_bytes / traced if traced else 0.0
+    return {
+        "differ": loads[heaviest] != loads[lightest],
+        "by": by,
+        "heaviest_rank": heaviest,
+        "lightest_rank": lightest,
+        "optimizer_elements": {"heaviest": loads[heaviest], "lightest": loads[lightest]},
+        "optimizer_state_bytes": {
+            "traced": state_bytes,
+            "heaviest": round(per_element * loads[heaviest]),
+            "lightest": round(per_element * loads[lightest]),
+        },
+    }
+
+
+# ---- the per-rank report ------------------------------------------------------------------------
+
+
+def estimate_ranks(
+    spec: WorkloadSpec,
+    batch_size: int,
+    profile: Any,
+    total: int,
+    config: Any,
+    config_text: str | None,
+    plan: ParallelPlan,
+    precision: str | None = None,
+    accumulate: int | None = None,
+    steps: int = 2,
+    reserved_limit: int | None = None,
+    *,
+    replay_report: Callable[..., tuple[Report, Any]],
+) -> Report:
+    """The estimate of one rank of ``plan``'s job: rank ``plan.rank``, and the heaviest rank
+    too when ranks differ and it is another (its report is the one returned).
+    ``replay_report`` is the estimator's (``estimate.estimator.replay_report``): each traced
+    rank's allocations through the allocator simulator, and its report."""
+    traced: list[dict[str, Any]] = []
+    current = plan
+    while True:
+        trace, tracer, loads = trace_rank(
+            spec, batch_size, profile, current, precision, accumulate, steps
+        )
+        report, result = replay_report(
+            spec.spec, batch_size, profile, total, config, config_text, trace, reserved_limit
+        )
+        traced.append(_traced_row(current.rank, report, loads))
+        section = _section(current, tracer, trace, result)
+        heaviest = loads.get("heaviest_rank", current.rank) if loads.get("differ") else None
+        if heaviest is None or _same_load(current, heaviest) or len(traced) > 1:
+            break
+        current = plan.with_rank(heaviest)
+    section["traced_ranks"] = traced
+    section["ranks_differ"] = bool(loads.get("differ"))
+    section["heaviest_rank"] = heaviest if heaviest is not None else current.rank
+    if loads.get("differ"):
+        section["differences"] = loads
+    _attach(report, current, section, trace)
+    return report
+
+
+def _same_load(plan: ParallelPlan, heaviest: int) -> bool:
+    """Whether the traced rank holds as much as the heaviest (HSDP: the same shard index)."""
+    return (
+        plan.rank % plan.shard_group_size == heaviest % plan.shard_group_size
+        if plan.sharded
+        else plan.rank == heaviest
+    )
+
+
+def _traced_row(rank: int, report: Report, loads: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "peak": {
+            "allocated_bytes": report.peak.allocated_bytes,
+            "reserved_bytes": report.peak.reserved_bytes,
+            "device_used_bytes": report.peak.device_used_bytes,
+        },
+        "optimizer_state_bytes": (loads.get("optimizer_state_bytes") or {}).get("traced"),
+    }
+
+
+def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) -> dict[str, Any]:
+    """The report's ``distributed`` section for the traced rank, read from its objects."""
+    from vramscope.distributed.memory import fsdp_items
+    from vramscope.distributed.sharding import DESCRIPTIONS
+
+    applied = tracer.applied
+    section: dict[str, Any] = {
+        "estimated": True,
+        "strategy": plan.strategy,
+        "world_size": plan.world_size,
+        "rank": plan.rank,
+        "plan": plan.to_dict(),
+        "description": DESCRIPTIONS[plan.strategy],
+        "summary": plan.describe(),
+        "memory": [],
+        "communicators": communicators(plan),
+        "communicator_bytes": trace.communicator_bytes,
+        "communicator_note": NCCL_SOURCE,
+    }
+    if applied is None:
+        return section
+    if applied.ddp is not None and tracer.bucket_sizes:
+        section["memory"].append(_ddp_item(plan, tracer))
+    if plan.sharded:
+        section["groups"] = applied.groups
+        section["sharded_modules"] = {
+            "class": applied.unit_class,
+            "count": len(applied.units),
+            "names": applied.units[:8],
+            "chosen_by": "--shard-module" if plan.shard_module else "the repeated blocks",
+        }
+        items = fsdp_items(applied.workload.model, "cuda")
+        _at_the_peak(items, tracer, trace, result)
+        section["memory"].extend(items)
+        if plan.cpu_offload:
+            section["host_bytes"] = _host_bytes(applied.workload)
+    return section
+
+
+def _ddp_item(plan: ParallelPlan, tracer: RankTracer) -> dict[str, Any]:
+    """DDP's gradient buckets as the last traced backward all-reduced them (DDP rebuilds
+    them in the order gradients arrived, after the first step), in the measured report's
+    terms."""
+    from vramscope.distributed.memory import DDP_NOTE, DDP_VIEW_NOTE
+
+    last = max(step for step, _ in tracer.bucket_sizes)
+    sizes = [size for (step, _), size in sorted(tracer.bucket_sizes.items()) if step == last]
+    first = [
+        size
+        for (step, _), size in sorted(tracer.bucket_sizes.items())
+        if step == min(s for s, _ in tracer.bucket_sizes)
+    ]
+    view = plan.gradient_as_bucket_view
+    cap = plan.bucket_cap
+    return {
+        "name": "ddp_gradient_buckets",
+        "label": "DDP gradient buckets",
+        "bytes": sum(-(-size // 512) * 512 for size in sizes),
+        "category": "gradients" if view else "other",
+        "exact": True,
+        "buckets": len(sizes),
+        "bucket_sizes": sizes,
+        "first_step_bucket_sizes": first,
+        "bucket_cap_bytes": int(cap * MiB),
+        "first_bucket_cap_bytes": MiB if plan.bucket_cap_mb is None else int(cap * MiB),
+        "gradient_as_bucket_view": view,
+        "note": DDP_VIEW_NOTE if view else DDP_NOTE,
+    }
+
+
+_WHAT = {
+    "fsdp_unsharded_parameters": ("unsharded", "all_gather"),
+    "fsdp_reduce_scatter_buffers": ("reduce_scatter",),
+}
+
+
+def _at_the_peak(
+    items: list[dict[str, Any]], tracer: RankTracer, trace: Trace, result: Any
+) -> None:
+    """Add to FSDP's items how many groups' buffers were alive at the estimate's peak, and
+    at most at once during the traced steps; the category they sit in at the peak."""
+    for item in items:
+        whats = _WHAT.get(item["name"], ())
+        live = [
+            (block, size)
+            for block, size in result.peak_live.items()
+            if tracer.tags.get(block, ("",))[0] in whats
+        ]
+        groups = sorted({tracer.tags[b][1] for b, _ in live})
+        kinds = {result.activations.get(b) for b, _ in live}
+        item.update(
+            at_peak_bytes=sum(-(-size // 512) * 512 for _, size in live),
+            at_peak_groups=groups,
+            most_groups_at_once=_most_alive(trace, tracer.tags, whats),
+            estimated=True,
+        )
+        if live:
+            item["category"] = "activations" if "activation" in kinds else "temporaries"
+        shown = ", ".join(groups[:4]) + (", …" if len(groups) > 4 else "")
+        item["note"] = (
+            f"alive at the peak: {_groups(len(groups))}"
+            + (f" ({shown}), {format_bytes(item['at_peak_bytes'])}" if groups else "")
+            + f"; at most {_groups(item['most_groups_at_once'])} at once. "
+            + (_GATHER_NOTE if item["name"] == "fsdp_unsharded_parameters" else _REDUCE_NOTE)
+        )
+
+
+_GATHER_NOTE = (
+    "Each group's parameters are all-gathered (world size × this rank's padded shard, in "
+    "the parameter dtype) for its forward and again for its backward; the next group's are "
+    "prefetched."
+)
+_REDUCE_NOTE = (
+    "In backward each group's gradients are packed into one reduce-scatter input (in the "
+    "reduce dtype), kept until the next group's reduce-scatter."
+)
+
+
+def _groups(count: int) -> str:
+    return f"{count} group{'' if count == 1 else 's'}"
+
+
+def _most_alive(trace: Trace, tags: dict[int, tuple[str, str]], whats: tuple[str, ...]) -> int:
+    """The most groups whose buffers of these kinds were alive at once over the trace."""
+    alive: dict[int, str] = {}
+    most = 0
+    for event in trace.events:
+        if event[0] == "alloc" and tags.get(event[1], ("",))[0] in whats:
+            alive[event[1]] = tags[event[1]][1]
+            most = max(most, len(set(alive.values())))
+        elif event[0] == "free":
+            alive.pop(event[1], None)
+    return most
+
+
+def _host_bytes(workload: Workload) -> dict[str, int]:
+    """What FSDP2's CPU offload keeps in host memory: the parameter and gradient shards and
+    the optimizer state."""
+    from vramscope.estimate.model_state import optimizer_state
+    from vramscope.tracking.categories import local_tensor, tensors_in
+
+    params = sum(
+        local_tensor(p).untyped_storage().nbytes()
+        for p in workload.model.parameters()
+        if local_tensor(p).device.type == "cpu"
+    )
+    state = sum(
+        local_tensor(t).untyped_storage().nbytes()
+        for _, s in optimizer_state(workload.optimizer)
+        for t in tensors_in(s)
+        if local_tensor(t).device.type == "cpu"
+    )
+    return {"parameters": params, "gradients": params, "optimizer_state": state}
+
+
+def _attach(report: Report, plan: ParallelPlan, section: dict[str, Any], trace: Trace) -> None:
+    """The per-rank report: its ``distributed`` section, the job in its workload, findings."""
+    report.workload["world_size"] = plan.world_size
+    report.workload["strategy"] = plan.strategy
+    report.extra["distributed"] = section
+    findings = []
+    rank = section["rank"]
+    if section.get("ranks_differ"):
+        diff = section["differences"]
+        state = diff["optimizer_state_bytes"]
+        findings.append(
+            Finding(
+                "ranks_differ",
+                "info",
+                f"ranks differ in optimizer state ({diff['by']}): rank {diff['heaviest_rank']} "
+                f"holds {format_bytes(state['heaviest'])}, rank {diff['lightest_rank']} "
+                f"{format_bytes(state['lightest'])}; this report is rank {rank}'s, the heaviest",
+            )
+        )
+    if trace.communicator_bytes:
+        count = len(section["communicators"])
+        findings.append(
+            Finding(
+                "nccl",
+                "info",
+                f"device used includes {format_bytes(trace.communicator_bytes)} for NCCL "
+                f"({count} communicator{'s' if count > 1 else ''}): {NCCL_SOURCE}",
+            )
+        )
+    units = section.get("sharded_modules")
+    if units is not None and not units["count"]:
+        findings.append(
+            Finding(
+                "fsdp_one_group",
+                "warning",
+                "no repeated blocks found to shard one by one: the whole model is one FSDP "
+                "group, gathered at once (name the blocks' class with --shard-module)",
+            )
+        )
+    if trace.communicator_bytes and report.reconciliation:
+        report.reconciliation[0].note += (
+            f"; context and libraries include {format_bytes(trace.communicator_bytes)} for "
+            "NCCL's communicators (a constant, uncalibrated)"
+        )
+    position = 1 if report.findings and report.findings[0].kind == "verdict" else 0
+    report.findings[position:position] = findings

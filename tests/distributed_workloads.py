@@ -1,0 +1,83 @@
+"""Small workloads for per-rank estimates, written for one GPU as a user writes them: the
+tests apply DDP, FSDP2, HSDP and ZeRO to them the way vramscope does."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import vramscope
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.down(F.gelu(self.up(x))))
+
+
+class Tower(nn.Module):
+    """An input layer, a ModuleList of alike blocks, a head."""
+
+    def __init__(self, inputs: int, dim: int, hidden: int, blocks: int, classes: int) -> None:
+        super().__init__()
+        self.inp = nn.Linear(inputs, dim)
+        self.blocks = nn.ModuleList(Block(dim, hidden) for _ in range(blocks))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _workload(
+    model: nn.Module, batch_size: int, inputs: int, classes: int, device
+) -> vramscope.Workload:
+    model = model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def batch():
+        x = torch.randn(batch_size, inputs, device=device)
+        y = torch.randint(0, classes, (batch_size,), device=device)
+        return x, y
+
+    def loss(model, x, y):
+        return F.cross_entropy(model(x), y)
+
+    return vramscope.Workload(model=model, optimizer=opt, batch=batch, loss=loss)
+
+
+def tower(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """Four blocks of 512 → 2048 → 512 (8.4 M parameters, 33.6 MB in float32)."""
+    return _workload(Tower(256, 512, 2048, 4, 10), batch_size, 256, 10, device)
+
+
+def uneven(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """Dimensions that divide by no world size but 1: every shard is padded."""
+    return _workload(Tower(13, 30, 70, 3, 7), batch_size, 13, 7, device)
+
+
+class Chain(nn.Module):
+    """Three bias-free layers of 10,000, 6,000 and 6,000 weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(100, 100, bias=False)
+        self.b = nn.Linear(100, 60, bias=False)
+        self.c = nn.Linear(60, 100, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.b(self.a(x)))
+
+
+def chain(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """ZeroRedundancyOptimizer over 2 ranks gives rank 0 the 10,000 and rank 1 both 6,000s:
+    rank 1 is the heaviest."""
+    return _workload(Chain(), batch_size, 100, 100, device)
