@@ -40,7 +40,7 @@ from vramscope.report.model import (
     StepStats,
 )
 from vramscope.units import format_bytes, parse_size
-from vramscope.workload import Builder, WorkloadSpec, normalize_precision, resolve
+from vramscope.workload import Builder, normalize_precision, resolve
 
 if TYPE_CHECKING:
     from vramscope.distributed.sharding import ParallelPlan
@@ -111,61 +111,37 @@ def estimate(
     config = AllocatorConfig.parse(config_text)
     spec = resolve(workload)
     with trusting_remote_code(trust_remote_code):
-        report = _estimate_spec(
-            spec,
-            batch_size,
-            profile,
-            total,
-            config,
-            config_text,
-            parallel,
-            precision,
-            accumulate,
-            max(steps, 2),
-            reserved_limit,
-        )
+        if parallel is not None:
+            from vramscope.estimate.distributed import estimate_ranks
+
+            parallel.check()
+            report = estimate_ranks(
+                spec,
+                batch_size,
+                profile,
+                total,
+                config,
+                config_text,
+                parallel,
+                precision=precision,
+                accumulate=accumulate,
+                steps=max(steps, 2),
+                reserved_limit=reserved_limit,
+                replay_report=replay_report,
+            )
+        else:
+            trace = trace_workload(
+                spec,
+                batch_size,
+                profile,
+                precision=precision,
+                accumulate=accumulate,
+                steps=max(steps, 2),
+            )
+            report, _ = replay_report(
+                spec.spec, batch_size, profile, total, config, config_text, trace, reserved_limit
+            )
     report.extra["estimate"]["seconds"] = round(time.perf_counter() - started, 3)
-    return report
-
-
-def _estimate_spec(
-    spec: WorkloadSpec,
-    batch_size: int,
-    profile: GpuProfile,
-    total: int,
-    config: AllocatorConfig,
-    config_text: str | None,
-    parallel: ParallelPlan | None,
-    precision: str | None,
-    accumulate: int | None,
-    steps: int,
-    reserved_limit: int | None,
-) -> Report:
-    """Trace (one rank, or each rank that differs) and replay."""
-    if parallel is not None:
-        from vramscope.estimate.distributed import estimate_ranks
-
-        parallel.check()
-        return estimate_ranks(
-            spec,
-            batch_size,
-            profile,
-            total,
-            config,
-            config_text,
-            parallel,
-            precision=precision,
-            accumulate=accumulate,
-            steps=steps,
-            reserved_limit=reserved_limit,
-            replay_report=replay_report,
-        )
-    trace = trace_workload(
-        spec, batch_size, profile, precision=precision, accumulate=accumulate, steps=steps
-    )
-    report, _ = replay_report(
-        spec.spec, batch_size, profile, total, config, config_text, trace, reserved_limit
-    )
     return report
 
 
