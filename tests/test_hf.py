@@ -347,12 +347,14 @@ def test_compare_runs_full_fine_tuning_against_lora_and_lora_with_checkpointing(
 
 
 def _events(trace):
-    """A trace's allocations and frees, blocks numbered by first use, with size and kind."""
+    """A trace's allocations and frees, blocks numbered by first use, with size, kind and
+    stream."""
     ids: dict[int, int] = {}
     rows = []
     for event in trace.events:
         block = trace.blocks[event[1]]
-        rows.append((event[0], ids.setdefault(event[1], len(ids)), block.size, block.kind))
+        number = ids.setdefault(event[1], len(ids))
+        rows.append((event[0], number, block.size, block.kind, *event[3:]))
     return rows
 
 

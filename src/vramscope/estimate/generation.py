@@ -75,6 +75,7 @@ class _Step:
     shape: tuple[tuple[Any, ...], ...]
     sizes: list[int]  # of each allocation
     plain: bool  # no ("x",) event
+    streams: list[int] = field(default_factory=list)  # the CUDA stream of each allocation
 
 
 @dataclass
@@ -224,6 +225,7 @@ def _record_step(call: GenerateCall, recorder: Recorder, start: int, end: int) -
     events = recorder.events
     number = len(call.steps)
     allocs: list[int] = []
+    streams: list[int] = []
     shape: list[tuple[Any, ...]] = []
     plain = True
     for event in events[start:end]:
@@ -231,6 +233,7 @@ def _record_step(call: GenerateCall, recorder: Recorder, start: int, end: int) -
             call.where[event[1]] = (number, len(allocs))
             shape.append(("a", len(allocs)))
             allocs.append(event[1])
+            streams.append(event[3] if len(event) > 3 else 0)
         elif event[0] == _FREE and event[1] in call.where:
             step, k = call.where[event[1]]
             shape.append(("f", number - step, k))
@@ -238,7 +241,7 @@ def _record_step(call: GenerateCall, recorder: Recorder, start: int, end: int) -
             shape.append(("x",))
             plain = False
     sizes = [recorder.blocks[b].size for b in allocs]
-    call.steps.append(_Step(start, end, allocs, tuple(shape), sizes, plain))
+    call.steps.append(_Step(start, end, allocs, tuple(shape), sizes, plain, streams))
 
 
 def _time_to_cut(call: GenerateCall) -> bool:
@@ -364,7 +367,7 @@ def _expand(trace: Trace, call: GenerateCall) -> None:
                 if source.allocs[k] in trace.fallbacks:
                     trace.fallbacks[next_id] = trace.fallbacks[source.allocs[k]]
                 ids[(r, k)] = next_id
-                written.append((_ALLOC, next_id, grown, 0))
+                written.append((_ALLOC, next_id, grown, source.streams[k]))
                 next_id += 1
             else:
                 _, back, k = entry
