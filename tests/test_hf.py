@@ -285,6 +285,7 @@ def test_remote_code_runs_only_with_trust_remote_code(tmp_path):
 
 
 def test_lora_freezes_the_model_and_trains_the_adapters_alone(tiny):
+    pytest.importorskip("peft", reason="LoRA needs peft")
     spec = resolve(f"hf:{tiny['llama-3-8b']}/lora=8/seq=16")
     workload = spec.build(2, torch.device("cpu"))
     trainable = {n: p for n, p in workload.model.named_parameters() if p.requires_grad}
@@ -311,6 +312,7 @@ def test_lora_freezes_the_model_and_trains_the_adapters_alone(tiny):
 
 
 def test_compare_runs_full_fine_tuning_against_lora_and_lora_with_checkpointing(tiny):
+    pytest.importorskip("peft", reason="LoRA needs peft")
     from vramscope.fit.search import compare
     from vramscope.fit.strategies import default_strategies
 
