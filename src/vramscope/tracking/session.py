@@ -470,7 +470,13 @@ class Session:
             stats.end_allocated_bytes = allocated
             if peak_reserved > self._peak_reserved:
                 self._peak_reserved = peak_reserved
-            if peak_allocated > self._peak_allocated:
+            if peak_allocated > self._peak_allocated or (
+                # the same peak again in the same phase of a later step: the steady state's
+                # (the first step has no optimizer state yet), so categories describe it
+                peak_allocated == self._peak_allocated
+                and step is not self._peak_record
+                and name == self._peak_where[1]
+            ):
                 self._peak_allocated = peak_allocated
                 self._peak_close = allocator.reading_from_stats(raw)
                 self._peak_where = (step.index, name)
