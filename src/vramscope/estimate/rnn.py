@@ -83,19 +83,27 @@ RESERVE_PER_ROW = {RNN_RELU: 1, RNN_TANH: 1, LSTM: 5, GRU: 6}
 RESERVE_SLACK = 256  # bytes cuDNN adds to the reserve, and to the workspace
 # The dropout state: 48-byte random-number states of 1024 threads per multiprocessor
 DROPOUT_STATE_PER_SM = 48 * 1024
-# The workspace beyond its 16 MiB and a copy of the weight matrices: elements per row and
-# direction, measured at these (mode, several layers, hidden size) (padded sequences; a
-# packed one is in WORKSPACE_PER_ROW_PACKED). Other shapes take the nearest measured hidden
-# size of their mode and layer count, then of any mode with their layer count: extrapolated.
-WORKSPACE_PER_ROW = {
-    (LSTM, True, 256): 4064,
-    (LSTM, True, 512): 2976,
-    (GRU, False, 512): 1576,
-    (RNN_TANH, True, 256): 4144,
+# The workspace: a fixed part in every dtype (4 MiB more with 16-bit values), a copy of the
+# weight matrices (the first layer's once, every further layer's twice), and per row and
+# direction (a * hidden + b) values and per sequence, layer and direction c * hidden values
+# (cell: (a, b, c)), all in the input's dtype; measured, the RNN's taken as the GRU's.
+WORKSPACE_FIXED, WORKSPACE_HALF = 8 * MiB, 4 * MiB
+WORKSPACE_PER_ROW = {LSTM: (5, 256, 10), GRU: (4, 512, 5), RNN_TANH: (4, 512, 5)}
+# Shapes the rule above misses, (mode, hidden, layers, directions): values per row and
+# direction beyond the fixed part and the weights, as measured (64 steps). Bidirectional
+# layers take at least the bidirectional LSTMs' 4,320 (the same at hidden 256 and 512); small
+# ones (RNN of hidden 256 or less, LSTM and GRU of 128 or less) the nearest measured small one.
+WORKSPACE_MEASURED = {
+    (LSTM, 128, 1, 1): 2960,
+    (RNN_TANH, 256, 1, 1): 3864,
+    (RNN_TANH, 256, 2, 1): 5104,
+    (RNN_TANH, 1024, 2, 1): 4000,
+    (LSTM, 256, 2, 2): 4320,
+    (LSTM, 512, 1, 2): 4320,
 }
 # packed sequences (one LSTM layer, hidden 512): per (time steps x largest batch), per unit
-# of hidden size; other modes scaled by their gates (extrapolated)
-WORKSPACE_PER_ROW_PACKED = 576 / 512
+# of hidden size, instead of the per-row part; other modes scaled by their gates
+WORKSPACE_PER_ROW_PACKED = 1600 / 512
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.float64)
 
 
@@ -104,28 +112,28 @@ def dropout_state_bytes(profile: GpuProfile) -> int:
     return DROPOUT_STATE_PER_SM * profile.multiprocessors
 
 
-def weight_matrices(mode: int, *, inputs: int, hidden: int, layers: int, directions: int) -> int:
-    """Elements of the input and recurrent weight matrices of every layer (no biases)."""
-    total = 0
-    for layer in range(layers):
-        width = inputs if layer == 0 else hidden * directions
-        total += directions * GATES[mode] * hidden * (width + hidden)
-    return total
+def weight_matrices(
+    mode: int, *, inputs: int, hidden: int, layers: int, directions: int
+) -> list[int]:
+    """Elements of the input and recurrent weight matrices of each layer (no biases)."""
+    widths = [inputs] + [hidden * directions] * (layers - 1)
+    return [directions * GATES[mode] * hidden * (width + hidden) for width in widths]
 
 
-def _workspace_per_row(mode: int, hidden: int, layers: int) -> float:
-    """Elements of the workspace per row and direction (``WORKSPACE_PER_ROW``)."""
-    several = layers > 1
-    mode = RNN_TANH if mode == RNN_RELU else mode
-    for keys in (
-        [k for k in WORKSPACE_PER_ROW if k[:2] == (mode, several)],
-        [k for k in WORKSPACE_PER_ROW if k[1] == several],
-        list(WORKSPACE_PER_ROW),
-    ):
-        if keys:
-            key = min(keys, key=lambda k: (abs(k[2] - hidden), k[2]))
-            return WORKSPACE_PER_ROW[key]
-    return 0.0  # pragma: no cover
+def _workspace_per_row(mode: int, hidden: int, layers: int, directions: int) -> tuple[int, bool]:
+    """Values per row and direction of a shape the rule misses (``WORKSPACE_MEASURED``) and
+    whether it was measured at that shape (else a floor); (0, False) where the rule holds."""
+    key = (mode, hidden, layers, directions)
+    if key in WORKSPACE_MEASURED:
+        return WORKSPACE_MEASURED[key], True
+    if directions > 1:
+        return max(v for k, v in WORKSPACE_MEASURED.items() if k[3] > 1), False
+    if hidden > (256 if mode == RNN_TANH else 128):
+        return 0, False
+    small = [k for k in WORKSPACE_MEASURED if k[3] == 1 and k[1] <= 256]
+    same = [k for k in small if k[0] == mode] or small
+    key = min(same, key=lambda k: (abs(k[2] - layers), abs(k[1] - hidden)))
+    return WORKSPACE_MEASURED[key], False
 
 
 def cudnn_sizes(
@@ -160,15 +168,22 @@ def cudnn_sizes(
     matrices = weight_matrices(
         mode, inputs=inputs, hidden=hidden, layers=layers, directions=directions
     )
+    weights = sum(matrices) + sum(matrices[1:])
     if packed:
         per_step = WORKSPACE_PER_ROW_PACKED * hidden * GATES[mode] / 4
         scratch, slack = int(steps * batch * directions * per_step), RESERVE_SLACK
     else:
-        scratch = int(rows * directions * _workspace_per_row(mode, hidden, layers))
+        cell = RNN_TANH if mode == RNN_RELU else mode
+        a, b, c = WORKSPACE_PER_ROW[cell]
+        scratch = directions * (rows * (a * hidden + b) + batch * layers * c * hidden)
+        measured, exact = _workspace_per_row(cell, hidden, layers, directions)
+        if exact or measured * rows * directions > scratch:
+            scratch = measured * rows * directions
         slack = RESERVE_SLACK + 8 * batch  # and per sequence, its length in and out
+    fixed = WORKSPACE_FIXED + (WORKSPACE_HALF if itemsize == 2 else 0)
     return {
         "reserve": reserve,
-        "workspace": 16 * MiB + (matrices + scratch) * itemsize + slack,
+        "workspace": fixed + (weights + scratch) * itemsize + slack,
     }
 
 
