@@ -6,8 +6,9 @@ allocations of one and asserts the bytes the CUDA kernels allocate, from torch's
 
 cuDNN's own sizes for recurrent layers (reserve, workspace, dropout state) follow the rule
 in ``estimate/rnn.py``, measured on an H200 (cuDNN 9.19): the assertions below give the
-recorded bytes, and the last test compares every workload's peak with its H200 recording
-(``tests/data/op_trace_h200_layer-*.json.gz``).
+recorded bytes, and the last tests compare every workload's peak with its H200 recording
+(``tests/data/op_trace_h200_layer-*.json.gz``, and ``op_trace_h200_rnn-*`` for the shapes of
+``tests/rnn_shapes.py``, whose ``_cudnn_rnn`` allocations are compared too).
 """
 
 from __future__ import annotations
