@@ -163,7 +163,7 @@ def block_plan(runner: StepRunner, rounds: int) -> tuple[int, int]:
     """(rounds, steps per block): blocks of about 0.3 s, or for short steps 40+ rounds of
     0.05 s blocks: their step times drift by tens of percent from block to block on an
     H200 (16 rounds of 0.12 s left ±5% between runs), so many short interleaved blocks."""
-    t = statistics.median(timed_steps(runner, 3))
+    t = statistics.median(timed_steps(runner, 11))  # 3 steps once misjudged a 14 ms step
     if t < SHORT_STEP_S:
         return max(rounds, 40), max(4, min(30, round(0.05 / t)))
     return rounds, max(6, min(60, round(0.3 / t)))
