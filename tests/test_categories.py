@@ -2,7 +2,7 @@
 
 Each case trains a few steps on the CPU under tracking and compares the report's categories
 with the bytes of the objects themselves (each storage once): a model wrapped in
-DataParallel, DDP, FSDP1 or FSDP2, two models and two optimizers, a shared and a frozen parameter,
+DataParallel, DDP, FSDP1 or FSDP2, Lightning Fabric, two models and two optimizers, a shared and a frozen parameter,
 an optimizer made after the first forward, and objects gone before tracking stops.
 """
 
@@ -286,3 +286,17 @@ def test_views_of_one_storage_count_each_view_for_the_full_gradients():
     model.bias = nn.Parameter(flat[64 * 32 :])
     assert full_gradient_bytes([model], "cpu") == (64 * 32 + 64) * 4
     assert full_gradient_bytes([mlp()], "cpu") == sum(p.numel() for p in mlp().parameters()) * 4
+
+
+def test_lightning_fabric_wrapped_model_and_optimizer():
+    lightning = pytest.importorskip("lightning")
+    fabric = lightning.Fabric(accelerator="cpu", devices=1)
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = fabric.setup(model, opt)  # _FabricModule and _FabricOptimizer
+    with vramscope.track() as session:
+        for _ in range(3):
+            fabric.backward(model(torch.randn(8, 32)).square().mean())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    within(measured(session.report()), expected([model], [opt.optimizer]))
