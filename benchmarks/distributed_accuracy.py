@@ -92,6 +92,9 @@ def rank_job(args: argparse.Namespace) -> int:
     workload = resolve(args.workload).build(args.batch_size, device)
     workload = workload.with_overrides(precision=args.precision)
     applied = apply_plan(workload, plan, device)
+    # the workload as built keeps its optimizer, over the parameters before sharding: kept,
+    # a sharded job holds the whole model on the device besides its shards
+    workload = applied.workload
     if plan.sharded and device.type == "cuda":
         torch.cuda.empty_cache()  # the whole model built before sharding: released
     runner = StepRunner(applied.workload, device)

@@ -267,7 +267,10 @@ def apply_plan(
     pin_memory: bool = True,
     ddp_kwargs: dict[str, Any] | None = None,
 ) -> Applied:
-    """Apply ``plan`` to a built ``workload`` on ``device`` (a process group must exist)."""
+    """Apply ``plan`` to a built ``workload`` on ``device`` (a process group must exist).
+    Use the returned workload only: for FSDP2 the optimizer is rebuilt over the sharded
+    parameters, and ``workload``'s own optimizer still holds the whole parameters as built
+    (on the device until it is dropped)."""
     if plan.sharded:
         return _apply_fsdp(workload, plan, device, pin_memory)
     return _apply_ddp(workload, plan, device, ddp_kwargs or {})
