@@ -346,21 +346,8 @@ def test_gloo_adds_no_nccl_buffers_and_nothing_for_all_reduce():
 
 def test_gloo_on_the_command_line(capsys, tmp_path):
     out = tmp_path / "rank.json"
-    code, stdout, _ = run_cli(
-        capsys,
-        "estimate",
-        TOWER,
-        "-b",
-        "4",
-        "--world-size",
-        "8",
-        "--strategy",
-        "fsdp",
-        "--backend",
-        "gloo",
-        "--json",
-        str(out),
-    )
+    plan = ["--world-size", "8", "--strategy", "fsdp", "--backend", "gloo"]
+    code, stdout, _ = run_cli(capsys, "estimate", TOWER, "-b", "4", *plan, "--json", str(out))
     assert code == 0
     assert (
         stdout.strip()
