@@ -4,26 +4,34 @@ Usage (on a machine with a CUDA GPU):
     python benchmarks/distributed_accuracy.py [--gpu h200] [--cases NAME,...] [--steps 3]
         [--out benchmarks/results/distributed_accuracy_h200.json]
 
+Without a GPU, the estimates made again against a recorded run's measurements:
+    python benchmarks/distributed_accuracy.py --measured benchmarks/results/distributed_accuracy_h200.json
+
 For each case (a workload, a batch size per GPU, a precision, a strategy) it
 
 * measures the job: ``vramscope run --nproc 2 --json job.json`` runs this file with
   ``--rank-job``: each rank joins a gloo process group, builds the workload on cuda:0 (both
   ranks share the one GPU), applies the strategy with vramscope's own
   ``distributed.sharding.apply_plan`` (what the estimate applies, so both sides run the same
-  DDP or ``fully_shard`` calls), calls ``torch.cuda.empty_cache()`` after sharding (the
+  DDP or ``fully_shard`` calls), drops the workload as built (its optimizer holds the
+  parameters before sharding), calls ``torch.cuda.empty_cache()`` after sharding (the
   estimate holds a sharded model as shards from the start), runs the standard step and
   writes its own ``max_memory_allocated()`` / ``max_memory_reserved()``;
 * estimates the same job on the CPU: ``vramscope.estimate(..., parallel=ParallelPlan(
-  strategy, 2, rank=r))`` for each rank, the per-rank peaks from the report;
-* prints and writes, per rank, estimated against measured peak allocated and reserved, and
-  device used (the estimate's NCCL constant taken out: the job runs over gloo).
+  strategy, 2, rank=r, backend="gloo"))`` for each rank, the per-rank peaks from the report
+  (over gloo: no NCCL buffers, gloo's copy of each reduce-scatter input on the device);
+* prints and writes, per rank, estimated against measured peak allocated, reserved and
+  device used.
 
 Targets (issue 15): per rank, allocated within 3 %, reserved within 5 %.
 ``--cases`` picks cases by name (see CASES); ``hf:`` cases need transformers. The results
 are written after every case (``"complete": false`` until the last), so a run cut short
-keeps what it measured. Over gloo the job differs from one over NCCL in one place the
-estimate does not follow: gloo's reduce-scatter copies its input on the device first (one
-FSDP group's gradients at a time, alive until the reduce-scatter is waited on).
+keeps what it measured. ``--measured FILE`` keeps FILE's measured fields and its meta, and
+writes the new estimates beside them (``meta.estimated`` says where and when). A run
+recorded before the rank job dropped the workload as built (``meta.built_workload_dropped``
+false or missing) kept the parameters as built on the device in its FSDP and ZeRO-2 jobs;
+``alloc err+`` (``error_pct.allocated_without_held``) compares with measured allocated less
+those bytes (``held_built_parameter_bytes``).
 
 ``--allow-cpu`` runs the jobs on the CPU, for the plumbing alone (nothing is measured
 there): ``python benchmarks/distributed_accuracy.py --allow-cpu --cases
@@ -47,6 +55,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TARGET_ALLOCATED_PCT, TARGET_RESERVED_PCT = 3.0, 5.0
 WORLD = 2
+BACKEND = "gloo"  # the measured job's, and so the estimate's
+SHARDED = ("fsdp", "hsdp", "zero2")
 
 # name: (workload, batch size per GPU, precision, strategy, plan settings)
 CASES: dict[str, tuple[str, int, str, str, dict]] = {
@@ -79,7 +89,7 @@ def rank_job(args: argparse.Namespace) -> int:
     from vramscope.distributed.sharding import ParallelPlan, apply_plan
     from vramscope.workload import StepRunner, resolve
 
-    dist.init_process_group("gloo")
+    dist.init_process_group(BACKEND)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.device == "cuda":
         device = torch.device("cuda", 0)
@@ -92,6 +102,9 @@ def rank_job(args: argparse.Namespace) -> int:
     workload = resolve(args.workload).build(args.batch_size, device)
     workload = workload.with_overrides(precision=args.precision)
     applied = apply_plan(workload, plan, device)
+    # the workload as built keeps its optimizer, over the parameters before sharding: kept,
+    # a sharded job holds the whole model on the device besides its shards
+    workload = applied.workload
     if plan.sharded and device.type == "cuda":
         torch.cuda.empty_cache()  # the whole model built before sharding: released
     runner = StepRunner(applied.workload, device)
@@ -174,6 +187,7 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
 
 
 def estimate_ranks(case: tuple, gpu: str) -> dict:
+    """Each rank's estimate of the case's job, over gloo as it is measured."""
     from vramscope.distributed.sharding import ParallelPlan
     from vramscope.estimate.estimator import estimate
 
@@ -181,18 +195,29 @@ def estimate_ranks(case: tuple, gpu: str) -> dict:
     ranks = {}
     seconds = []
     for rank in range(WORLD):
-        plan = ParallelPlan(strategy, WORLD, rank=rank, **settings)
+        plan = ParallelPlan(strategy, WORLD, rank=rank, backend=BACKEND, **settings)
         report = estimate(spec, batch, gpu=gpu, precision=precision, parallel=plan)
         job = report.extra["distributed"]
         row = next(r for r in job["traced_ranks"] if r["rank"] == rank)
-        nccl = job["communicator_bytes"]
-        ranks[rank] = {
-            **row["peak"],
-            "device_used_without_nccl_bytes": row["peak"]["device_used_bytes"] - nccl,
-            "nccl_bytes": nccl,
-        }
+        ranks[rank] = {**row["peak"], "nccl_bytes": job["communicator_bytes"]}
         seconds.append(report.extra["estimate"]["seconds"])
     return {"ranks": ranks, "seconds": seconds}
+
+
+def built_parameter_bytes(spec: str) -> int:
+    """The workload's parameters as built, in the caching allocator's blocks (a tied
+    parameter once): what a sharded job keeps besides its shards while the workload as
+    built, and so its optimizer, is alive."""
+    import torch
+
+    from vramscope.workload import resolve
+
+    # on the CPU, as the job builds it (a meta build need not tie what the model ties)
+    model = resolve(spec).build(1, torch.device("cpu")).model
+    storages = {
+        p.untyped_storage()._cdata: p.untyped_storage().nbytes() for p in model.parameters()
+    }
+    return sum(-(-size // 512) * 512 for size in storages.values())
 
 
 def error_pct(estimated: int | None, measured: int | None) -> float | None:
@@ -209,110 +234,198 @@ def say(text: str) -> None:
     _LINES.append(text)
 
 
-def compare_main(args: argparse.Namespace) -> int:
-    import torch
-
+def case_names(args: argparse.Namespace) -> list[str] | None:
     names = [n.strip() for n in args.cases.split(",")] if args.cases else list(CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:
         print(f"unknown case {unknown[0]!r}; cases: {', '.join(CASES)}", file=sys.stderr)
+        return None
+    return names
+
+
+def header(device_name: str, steps: int, gpu: str) -> None:
+    say(
+        f"per-rank estimate vs a measured job: {WORLD} ranks on one {device_name} over "
+        f"{BACKEND}, {steps} steps; estimates for --gpu {gpu}, over {BACKEND}"
+    )
+    say(
+        f"{'case':24s} {'rank':>4s} {'measured alloc':>15s} {'alloc err':>9s} "
+        f"{'alloc err+':>10s} {'measured resv':>14s} {'resv err':>9s} {'used err':>9s}"
+    )
+
+
+def compare_case(
+    name: str, measured: dict, estimated: dict, held: int, measure_seconds: float | None
+) -> dict:
+    """One case's rows, estimated against measured per rank, printed as they come.
+    ``held``: bytes the measured ranks kept besides what the job holds (the parameters as
+    built, in a run that kept them), taken out of measured allocated for ``alloc err+``."""
+    spec, batch, precision, strategy, settings = CASES[name]
+    rows = []
+    for rank in range(WORLD):
+        m = measured["ranks"].get(rank) or measured["ranks"].get(str(rank))
+        e = estimated["ranks"][rank]
+        errs = {
+            "allocated": error_pct(e["allocated_bytes"], m["allocated_bytes"]),
+            "reserved": error_pct(e["reserved_bytes"], m["reserved_bytes"]),
+            "device_used": error_pct(e["device_used_bytes"], m.get("device_used_bytes")),
+        }
+        if held:
+            errs["allocated_without_held"] = error_pct(
+                e["allocated_bytes"], m["allocated_bytes"] - held
+            )
+        row = {"rank": rank, "measured": m, "estimated": e, "error_pct": errs}
+        row["met"] = (
+            errs["allocated"] is not None
+            and abs(errs["allocated"]) <= TARGET_ALLOCATED_PCT
+            and errs["reserved"] is not None
+            and abs(errs["reserved"]) <= TARGET_RESERVED_PCT
+        )
+        rows.append(row)
+        say(
+            f"{name:24s} {rank:4d} {_gib(m['allocated_bytes']):>15s} "
+            f"{_pct(errs['allocated'])} {_pct(errs.get('allocated_without_held')):>10s} "
+            f"{_gib(m['reserved_bytes']):>14s} {_pct(errs['reserved'])} "
+            f"{_pct(errs['device_used'])}"
+        )
+    done = {
+        "case": name,
+        "workload": spec,
+        "batch_size": batch,
+        "precision": precision,
+        "strategy": strategy,
+        "settings": settings,
+        "backend": BACKEND,
+        "target_case": name in TARGET_CASES,
+        "ranks": rows,
+        "measure_seconds": measure_seconds,
+        "estimate_seconds": estimated["seconds"],
+    }
+    if held:
+        done["held_built_parameter_bytes"] = held
+    return done
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:+8.2f}%" if value is not None else "     n/a"
+
+
+def _gib(value: int | None) -> str:
+    return f"{value / 2**30:.3f} GiB" if value is not None else "n/a"
+
+
+def footer(cases: list[dict], held: bool) -> None:
+    say(
+        "used err: device used; both ranks' CUDA contexts share the GPU, and a job over gloo "
+        "has no NCCL buffers"
+    )
+    if held:
+        say(
+            "alloc err+: against measured allocated less the parameters as built, which these "
+            "measured FSDP/ZeRO-2 ranks kept alive (the workload as built held them through "
+            "its optimizer; the rank job drops it now)"
+        )
+    say(
+        f"targets (per rank, {', '.join(TARGET_CASES)}): allocated within "
+        f"{TARGET_ALLOCATED_PCT:.0f} %, reserved within {TARGET_RESERVED_PCT:.0f} %: "
+        + ("MET" if targets_met(cases) else "MISSED")
+    )
+
+
+def compare_main(args: argparse.Namespace) -> int:
+    import torch
+
+    names = case_names(args)
+    if names is None:
         return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.allow_cpu:
         print("this benchmark measures on a CUDA GPU; none here", file=sys.stderr)
         return 2
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="vramscope-dist-accuracy-"))
-    say(
-        f"per-rank estimate vs a measured job: {WORLD} ranks on one "
-        f"{torch.cuda.get_device_name(0) if device == 'cuda' else 'CPU'} over gloo, "
-        f"{args.steps} steps; estimates for --gpu {args.gpu}"
-    )
-    say(
-        f"{'case':24s} {'rank':>4s} {'measured alloc':>15s} {'alloc err':>9s} "
-        f"{'measured resv':>14s} {'resv err':>9s} {'used err*':>9s}"
-    )
+    device_name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
+    header(device_name, args.steps, args.gpu)
     cases: list[dict] = []
+    meta = run_meta(args, device)
     for name in names:
         if cases:  # what is done so far, should the run be cut short
-            write(args, cases, device, complete=False)
+            write(args, cases, meta, complete=False)
         case = CASES[name]
-        if case[0].startswith("hf:"):
-            try:
-                import transformers  # noqa: F401
-            except ImportError:
-                cases.append({"case": name, "skipped": "needs transformers"})
-                say(f"{name:24s} skipped (needs transformers)")
-                continue
+        if case[0].startswith("hf:") and not _has_transformers():
+            cases.append({"case": name, "skipped": "needs transformers"})
+            say(f"{name:24s} skipped (needs transformers)")
+            continue
         measured = measure(name, case, args.steps, workdir, device)
         if "error" in measured:
             cases.append({"case": name, "error": measured["error"]})
             say(f"{name:24s} measuring FAILED: {measured['error']}")
             continue
         estimated = estimate_ranks(case, args.gpu)
-        rows = []
-        for rank in range(WORLD):
-            m = measured["ranks"].get(rank) or measured["ranks"].get(str(rank))
-            e = estimated["ranks"][rank]
-            row = {
-                "rank": rank,
-                "measured": m,
-                "estimated": e,
-                "error_pct": {
-                    "allocated": error_pct(e["allocated_bytes"], m["allocated_bytes"]),
-                    "reserved": error_pct(e["reserved_bytes"], m["reserved_bytes"]),
-                    "device_used_without_nccl": error_pct(
-                        e["device_used_without_nccl_bytes"], m.get("device_used_bytes")
-                    ),
-                },
-            }
-            errs = row["error_pct"]
-            row["met"] = (
-                errs["allocated"] is not None
-                and abs(errs["allocated"]) <= TARGET_ALLOCATED_PCT
-                and errs["reserved"] is not None
-                and abs(errs["reserved"]) <= TARGET_RESERVED_PCT
-            )
-            rows.append(row)
-
-            def pct(value: float | None) -> str:
-                return f"{value:+8.2f}%" if value is not None else "     n/a"
-
-            def gib(value: int | None) -> str:
-                return f"{value / 2**30:.3f} GiB" if value is not None else "n/a"
-
-            say(
-                f"{name:24s} {rank:4d} {gib(m['allocated_bytes']):>15s} "
-                f"{pct(errs['allocated'])} {gib(m['reserved_bytes']):>14s} "
-                f"{pct(errs['reserved'])} {pct(errs['device_used_without_nccl'])}"
-            )
-        spec, batch, precision, strategy, settings = case
-        cases.append(
-            {
-                "case": name,
-                "workload": spec,
-                "batch_size": batch,
-                "precision": precision,
-                "strategy": strategy,
-                "settings": settings,
-                "target_case": name in TARGET_CASES,
-                "ranks": rows,
-                "measure_seconds": measured["seconds"],
-                "estimate_seconds": estimated["seconds"],
-            }
-        )
-    all_met = targets_met(cases)
-    say(
-        "* device used: the estimate's without its NCCL constant (the job runs over gloo); "
-        "both ranks' CUDA contexts share the GPU"
-    )
-    say(
-        f"targets (per rank, {', '.join(TARGET_CASES)}): allocated within "
-        f"{TARGET_ALLOCATED_PCT:.0f} %, reserved within {TARGET_RESERVED_PCT:.0f} %: "
-        + ("MET" if all_met else "MISSED")
-    )
-    write(args, cases, device, complete=True)
+        cases.append(compare_case(name, measured, estimated, 0, measured["seconds"]))
+    footer(cases, held=False)
+    write(args, cases, meta, complete=True)
     print(f"wrote {args.out} and {Path(args.out).with_suffix('.txt').name}")
     return 0
+
+
+def recompute_main(args: argparse.Namespace) -> int:
+    """The estimates made again, here on the CPU, against a recorded run's measurements
+    (``--measured``): the measured fields as they were, the run's meta kept, and what
+    estimated them (``meta.estimated``)."""
+    import torch
+
+    names = case_names(args)
+    if names is None:
+        return 2
+    recorded = json.loads(Path(args.measured).read_text())
+    meta = recorded["meta"]
+    # a run before the rank job dropped the workload as built kept its parameters
+    held_any = not meta.get("built_workload_dropped", False)
+    by_name = {c["case"]: c for c in recorded["cases"]}
+    header(meta["device"], meta["steps"], args.gpu)
+    cases: list[dict] = []
+    for name in names:
+        old = by_name.get(name)
+        if old is None:
+            continue
+        if "ranks" not in old:
+            cases.append(old)
+            say(f"{name:24s} {old.get('error') or old.get('skipped')}")
+            continue
+        case = CASES[name]
+        if case[0].startswith("hf:") and not _has_transformers():
+            print(f"{name}: needs transformers to estimate", file=sys.stderr)
+            return 2
+        measured = {"ranks": {r["rank"]: r["measured"] for r in old["ranks"]}}
+        held = built_parameter_bytes(case[0]) if held_any and case[3] in SHARDED else 0
+        estimated = estimate_ranks(case, args.gpu)
+        cases.append(compare_case(name, measured, estimated, held, old.get("measure_seconds")))
+    footer(cases, held=held_any and any(c.get("held_built_parameter_bytes") for c in cases))
+    meta = {
+        **meta,
+        "estimate_gpu": args.gpu,
+        "estimate_backend": BACKEND,
+        "estimated": {
+            "recomputed_from_measurements": True,
+            "on": "cpu",
+            "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+    }
+    if held_any:
+        meta["built_workload_dropped"] = False
+    write(args, cases, meta, complete=recorded.get("complete", True))
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.txt').name}")
+    return 0
+
+
+def _has_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def targets_met(cases: list[dict]) -> bool:
@@ -320,10 +433,26 @@ def targets_met(cases: list[dict]) -> bool:
     return bool(targeted) and all(r["met"] for r in targeted)
 
 
-def write(args: argparse.Namespace, cases: list[dict], device: str, complete: bool) -> None:
-    """The results so far as JSON, and the printed table beside it (``.txt``)."""
+def run_meta(args: argparse.Namespace, device: str) -> dict:
     import torch
 
+    return {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "driver": _driver(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "world_size": WORLD,
+        "backend": BACKEND,
+        "estimate_gpu": args.gpu,
+        "estimate_backend": BACKEND,
+        "steps": args.steps,
+        "built_workload_dropped": True,
+    }
+
+
+def write(args: argparse.Namespace, cases: list[dict], meta: dict, complete: bool) -> None:
+    """The results so far as JSON, and the printed table beside it (``.txt``)."""
     result = {
         "cases": cases,
         "complete": complete,
@@ -333,17 +462,7 @@ def write(args: argparse.Namespace, cases: list[dict], device: str, complete: bo
             "cases": list(TARGET_CASES),
             "met": targets_met(cases),
         },
-        "meta": {
-            "date": datetime.date.today().isoformat(),
-            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-            "driver": _driver(),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "world_size": WORLD,
-            "backend": "gloo",
-            "estimate_gpu": args.gpu,
-            "steps": args.steps,
-        },
+        "meta": meta,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     Path(args.out).with_suffix(".txt").write_text("\n".join(_LINES) + "\n")
@@ -376,11 +495,18 @@ def main() -> int:
     parser.add_argument(
         "--allow-cpu", action="store_true", help="run the jobs on the CPU (plumbing only)"
     )
+    parser.add_argument(
+        "--measured",
+        metavar="FILE",
+        help="estimate again, without a GPU, against the measurements recorded in FILE",
+    )
     parser.add_argument("--out", default=str(HERE / "results" / "distributed_accuracy_h200.json"))
     args = parser.parse_args()
     if args.rank_job:
         return rank_job(args)
     sys.path.insert(0, str(ROOT / "src"))
+    if args.measured:
+        return recompute_main(args)
     return compare_main(args)
 
 

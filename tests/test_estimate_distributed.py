@@ -5,6 +5,7 @@ shards, ZeRO's greedy partition, DDP's bucket rule."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -265,9 +266,97 @@ def test_a_per_rank_report_says_so_and_keeps_the_schema():
 
 def test_nccl_is_a_constant_per_communicator():
     assert communicators(ParallelPlan("ddp", 2)) == [
-        {"group": "world", "ranks": 2, "bytes": 544 * MiB, "calibrated": False}
+        {"group": "world", "ranks": 2, "backend": "nccl", "bytes": 544 * MiB, "calibrated": False}
     ]
     assert [c["bytes"] for c in communicators(ParallelPlan("fsdp", 64))] == [688 * MiB]
+    gloo = ParallelPlan("hsdp", 16, shard_size=4, backend="gloo")
+    assert [(c["group"], c["bytes"]) for c in communicators(gloo)] == [
+        ("shard", 0),
+        ("replicate", 0),
+    ]
+
+
+# ---- over gloo -----------------------------------------------------------------------------
+
+
+def gloo_trace(strategy: str = "fsdp", **settings):
+    plan = ParallelPlan(strategy, 8, backend="gloo", **settings).check()
+    return trace_rank(resolve(TOWER), 4, get_profile("h200"), plan, None, None, 2)
+
+
+def test_gloo_copies_each_reduce_scatter_input_for_the_collective():
+    trace, tracer, _ = gloo_trace()
+    sizes = {e[1]: e[2] for e in trace.events if e[0] == "alloc"}
+    at = {(e[0], e[1]): i for i, e in enumerate(trace.events) if e[0] in ("alloc", "free")}
+
+    def tagged(what: str) -> list[tuple[int, str]]:
+        return sorted((b, g) for b, (w, g) in tracer.tags.items() if w == what)
+
+    inputs, copies = tagged("reduce_scatter"), tagged("gloo_reduce_scatter_copy")
+    # one copy per reduce-scatter: 5 groups (4 blocks and the root), 2 steps
+    assert len(copies) == len(inputs) == 10
+    assert {g for _, g in copies} == {"blocks.0", "blocks.1", "blocks.2", "blocks.3", "the root"}
+    starts = sorted(at[("alloc", b)] for b, _ in inputs)
+    for (block, group), (copy, copy_group) in zip(inputs, copies, strict=True):
+        assert copy_group == group
+        assert sizes[copy] == sizes[block]  # the whole input, in the reduce dtype
+        # made once FSDP packed the input, freed before FSDP packs the next group's: alive
+        # for the collective alone
+        made, freed = at[("alloc", copy)], at[("free", copy)]
+        assert at[("alloc", block)] < made < freed
+        assert all(freed < start for start in starts if start > made)
+        assert trace.events[made][3] == 3  # the reduce-scatter stream, where FSDP calls it
+
+
+def test_gloo_makes_an_all_gather_sized_tensor_and_drops_it_at_once():
+    trace, tracer, _ = gloo_trace()
+    gathers = {b for b, (w, _) in tracer.tags.items() if w == "all_gather"}
+    gathered = sorted(e[2] for e in trace.events if e[0] == "alloc" and e[1] in gathers)
+    records = [
+        i
+        for i, e in enumerate(trace.events)
+        if e[0] == "alloc" and trace.blocks[e[1]].op == "gloo all_gather output record"
+    ]
+    # one per all-gather (forward and backward), the size of its output
+    assert sorted(trace.events[i][2] for i in records) == gathered
+    assert all(trace.events[i + 1] == ("free", trace.events[i][1]) for i in records)
+
+
+def test_gloo_adds_no_nccl_buffers_and_nothing_for_all_reduce():
+    for strategy, settings in (("ddp", {}), ("zero1", {}), ("fsdp", {})):
+        nccl = per_rank(TOWER, strategy, 8, **settings)
+        gloo = per_rank(TOWER, strategy, 8, backend="gloo", **settings)
+        job = gloo.extra["distributed"]
+        assert job["backend"] == "gloo" and job["communicator_bytes"] == 0
+        assert job["summary"] == f"{strategy} over 8 ranks, over gloo"
+        kinds = [f.kind for f in gloo.findings]
+        assert "gloo" in kinds and "nccl" not in kinds
+        context = nccl.startup.context_and_libraries_bytes - 688 * MiB
+        assert gloo.startup.context_and_libraries_bytes == context
+        if strategy != "fsdp":  # all-reduce and broadcast go through pinned host copies
+            assert gloo.peak.allocated_bytes == nccl.peak.allocated_bytes
+            assert gloo.peak.reserved_bytes == nccl.peak.reserved_bytes
+        else:  # the copies of the reduce-scatter inputs
+            assert gloo.peak.allocated_bytes >= nccl.peak.allocated_bytes
+            items = {m["name"]: m for m in job["memory"]}
+            copies = items["gloo_reduce_scatter_copies"]
+            assert copies["bytes"] == items["fsdp_reduce_scatter_buffers"]["bytes"]
+            assert copies["most_groups_at_once"] == 1
+
+
+def test_gloo_on_the_command_line(capsys, tmp_path):
+    out = tmp_path / "rank.json"
+    plan = ["--world-size", "8", "--strategy", "fsdp", "--backend", "gloo"]
+    code, stdout, _ = run_cli(capsys, "estimate", TOWER, "-b", "4", *plan, "--json", str(out))
+    assert code == 0
+    assert (
+        stdout.strip()
+        .splitlines()[-1]
+        .endswith("(per rank: rank 0 of fsdp over 8 ranks, over gloo)")
+    )
+    data = json.loads(out.read_text())
+    assert schema.errors(data) == []
+    assert data["distributed"]["plan"]["backend"] == "gloo"
 
 
 def test_chunks_on_demand_are_torchs_chunks():
@@ -367,6 +456,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
         (["--world-size", "8", "--strategy", "fsdp", "--bucket-cap-mb", "10"], "DDP"),
         (["--shard-size", "4"], "give --world-size N and --strategy"),
         (["--world-size", "8", "--strategy", "fsdp", "--shard-module", "Nope"], "its classes"),
+        (["--backend", "gloo"], "give --world-size N and --strategy"),
     ],
 )
 def test_bad_combinations_are_one_line_and_exit_2(capsys, args, needle):

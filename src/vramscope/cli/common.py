@@ -245,7 +245,7 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
     the settings and ``parallel_each`` is True (every strategy side by side)."""
     if func is None:
         return functools.partial(parallel_options, each_strategy=each_strategy)
-    from vramscope.distributed.sharding import DTYPES, STRATEGY_NAMES
+    from vramscope.distributed.sharding import BACKENDS, DTYPES, STRATEGY_NAMES
 
     options = [
         click.option(
@@ -304,6 +304,12 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             is_flag=True,
             help="ddp/zero1: gradients are views of DDP's buckets (no second copy).",
         ),
+        click.option(
+            "--backend",
+            type=click.Choice(BACKENDS),
+            help="The process group's backend (default nccl): gloo adds no NCCL buffers but "
+            "copies each reduce-scatter input on the device.",
+        ),
     ]
     names = (
         "world_size",
@@ -316,11 +322,14 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
         "cpu_offload",
         "bucket_cap_mb",
         "gradient_as_bucket_view",
+        "backend",
     )
 
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
         given = {name: kwargs.pop(name) for name in names}
+        if given["backend"] is None:
+            del given["backend"]  # the plan's default
         each = each_strategy and given["world_size"] is not None and given["strategy"] is None
         if each:
             from vramscope.distributed.sharding import ParallelPlan

@@ -24,6 +24,10 @@ What each strategy is, in torch's terms:
 * ``zero2``: ``fully_shard(reshard_after_forward=False)`` (what FSDP calls SHARD_GRAD_OP):
   gradients and optimizer state sharded; parameters kept gathered from forward to the end
   of backward.
+
+The collectives run over ``backend``: ``nccl`` (the default) or ``gloo``, which moves CUDA
+tensors through host memory and copies each reduce-scatter input on the device
+(:mod:`vramscope.estimate.distributed` says what each costs).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ SHARDED = ("fsdp", "hsdp", "zero2")  # FSDP2 underneath
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SHARD_SIZE = 8  # HSDP: one node of 8 GPUs
 DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedDataParallel's bucket_cap_mb
+BACKENDS = ("nccl", "gloo")  # the process group's backend for CUDA tensors
 MAX_WORLD_SIZE = 1 << 20
 
 
@@ -69,6 +74,7 @@ class ParallelPlan:
     bucket_cap_mb: float | None = None  # ddp/zero1; None: DDP's 25
     gradient_as_bucket_view: bool = False
     shard_module: str | None = None  # the class fully_shard is applied to
+    backend: str = "nccl"  # the process group's backend: nccl or gloo
 
     @property
     def sharded(self) -> bool:
@@ -183,6 +189,10 @@ class ParallelPlan:
                 raise VramscopeError(f"{flag} must be one of {', '.join(DTYPES)}, not {name!r}")
         if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
             raise VramscopeError(f"--bucket-cap-mb must be more than 0, not {self.bucket_cap_mb}")
+        if self.backend not in BACKENDS:
+            raise VramscopeError(
+                f"--backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}"
+            )
         return self
 
     def describe(self) -> str:
@@ -205,6 +215,8 @@ class ParallelPlan:
                 words.append(f"buckets of {self.bucket_cap_mb:g} MiB")
             if self.gradient_as_bucket_view:
                 words.append("gradients as bucket views")
+        if self.backend != "nccl":
+            words.append(f"over {self.backend}")
         return ", ".join(words)
 
     def to_dict(self) -> dict[str, Any]:
@@ -267,7 +279,10 @@ def apply_plan(
     pin_memory: bool = True,
     ddp_kwargs: dict[str, Any] | None = None,
 ) -> Applied:
-    """Apply ``plan`` to a built ``workload`` on ``device`` (a process group must exist)."""
+    """Apply ``plan`` to a built ``workload`` on ``device`` (a process group must exist).
+    Use the returned workload only: for FSDP2 the optimizer is rebuilt over the sharded
+    parameters, and ``workload``'s own optimizer still holds the whole parameters as built
+    (on the device until it is dropped)."""
     if plan.sharded:
         return _apply_fsdp(workload, plan, device, pin_memory)
     return _apply_ddp(workload, plan, device, ddp_kwargs or {})

@@ -18,6 +18,22 @@ found from the objects and traced when it is not rank 0.
 
 NCCL's own buffers are outside the caching allocator: device used adds a constant per
 communicator (:data:`NCCL_BYTES`), not calibrated.
+
+Over gloo (``ParallelPlan(backend="gloo")``) there is no NCCL communicator; gloo moves CUDA
+tensors through pinned host copies, and two of its collectives allocate on the device
+through the caching allocator (torch's ``ProcessGroupGloo.cpp``), both traced:
+
+* a reduce-scatter (``_reduce_scatter_base``, which FSDP's ``reduce_scatter_tensor`` calls)
+  is ``reduce_scatter_tensor_coalesced``: it clones the input on the device, all-reduces the
+  clone and copies this rank's chunk of it to the output when the work is waited on. FSDP
+  waits at once: one copy of each group's reduce-scatter input, on the reduce-scatter
+  stream, from the collective to its end;
+* an all-gather (``_allgather_base``) enqueues its work with the flight recorder's record of
+  ``work->getOutputTensors()``, which for an all-gather is ``newLikeFlat(outputs)``: a new,
+  empty tensor the size of the whole output, on the device, dropped at once.
+
+All-reduce (DDP's buckets, HSDP's replicate group) and broadcast go through pinned host
+copies and write back in place: nothing on the device.
 """
 
 from __future__ import annotations
@@ -57,15 +73,30 @@ def nccl_bytes(ranks: int) -> int:
     return NCCL_BYTES[2] if ranks == 2 else NCCL_BYTES[3]
 
 
+GLOO_SOURCE = (
+    "over gloo: no NCCL buffers; gloo moves CUDA tensors through pinned host memory, copies "
+    "each reduce-scatter input on the device (alive for the collective) and makes an empty "
+    "tensor the size of each all-gather's output (dropped at once), both traced"
+)
+
+
 def communicators(plan: ParallelPlan) -> list[dict[str, Any]]:
-    """The NCCL communicators a rank of ``plan`` creates: one over the world; HSDP's shard
-    group and replicate group instead."""
+    """The communicators a rank of ``plan`` creates: one over the world; HSDP's shard group
+    and replicate group instead. NCCL's hold device memory outside the caching allocator (a
+    constant each); gloo's none."""
     if plan.strategy == "hsdp":
         groups = [("shard", plan.shard_group_size), ("replicate", plan.replicate_size)]
     else:
         groups = [("world", plan.world_size)]
+    nccl = plan.backend == "nccl"
     return [
-        {"group": name, "ranks": size, "bytes": nccl_bytes(size), "calibrated": False}
+        {
+            "group": name,
+            "ranks": size,
+            "backend": plan.backend,
+            "bytes": nccl_bytes(size) if nccl else 0,
+            "calibrated": not nccl,
+        }
         for name, size in groups
         if size > 1
     ]
@@ -213,7 +244,11 @@ def _fsdp_tags(tracer: RankTracer) -> Iterator[None]:
         return out
 
     def foreach_reduce(fsdp_params: Any, *args: Any, **kwargs: Any) -> Any:
-        result = reduce(fsdp_params, *args, **kwargs)
+        tracer.reducing = fsdp_params
+        try:
+            result = reduce(fsdp_params, *args, **kwargs)
+        finally:
+            tracer.reducing = None
         tracer.tag(result[0], "reduce_scatter", fsdp_params)
         return result
 
@@ -223,6 +258,83 @@ def _fsdp_tags(tracer: RankTracer) -> Iterator[None]:
         foreach_all_gather_copy_out=foreach_all_gather_copy_out,
         foreach_reduce=foreach_reduce,
     ):
+        yield
+
+
+# ---- gloo's buffers on the device ----------------------------------------------------------------
+
+_REDUCE_SCATTERS = ("reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base")
+_ALL_GATHERS = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base")
+
+
+@contextlib.contextmanager
+def _gloo_buffers(tracer: RankTracer) -> Iterator[None]:
+    """What ProcessGroupGloo allocates on the device for CUDA tensors, recorded where the
+    fake group moves nothing (see the module's docstring): a copy of each reduce-scatter's
+    input from the collective to its end, and an empty tensor the size of each all-gather's
+    output, dropped at once. The names torch.distributed has are wrapped (one collective
+    may call another: it is counted once)."""
+    import torch.distributed as dist
+
+    inside = [0]
+
+    def recorder() -> Recorder | None:
+        found = tracer.recorder
+        return found if found is not None and not inside[0] else None
+
+    def on_device(tensor: Any) -> bool:
+        return isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda"
+
+    def nbytes(tensor: torch.Tensor) -> int:
+        return tensor.numel() * tensor.element_size()
+
+    def argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+        """A collective's output (0) or input (1), given by position or by name."""
+        if len(args) > index:
+            return args[index]
+        return kwargs.get(name, kwargs.get(f"{name}_tensor"))
+
+    def reduce_scatter(original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            found = recorder()
+            copy = None
+            input = argument(args, kwargs, 1, "input")
+            if found is not None and on_device(input):
+                copy = found.persistent(nbytes(input), "temporary", "gloo reduce_scatter copy")
+                if copy is not None:
+                    group = tracer.group_of(tracer.reducing)
+                    tracer.tags[copy] = ("gloo_reduce_scatter_copy", group)
+            inside[0] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+                if found is not None and copy is not None:
+                    found.release(copy)
+
+        return call
+
+    def all_gather(original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            found = recorder()
+            output = argument(args, kwargs, 0, "output")
+            if found is not None and on_device(output):
+                found.transient(nbytes(output), "temporary", "gloo all_gather output record")
+            inside[0] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+
+        return call
+
+    wrapped = {
+        name: wrap(getattr(dist, name))
+        for names, wrap in ((_REDUCE_SCATTERS, reduce_scatter), (_ALL_GATHERS, all_gather))
+        for name in names
+        if hasattr(dist, name)
+    }
+    with _replaced(dist, **wrapped):
         yield
 
 
@@ -240,6 +352,7 @@ class RankTracer:
     group_names: dict[int, str] = field(default_factory=dict)  # id(FSDPParam) -> group
     buckets: set[int] = field(default_factory=set)  # blocks of DDP's buckets
     bucket_sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # (step, index)
+    reducing: Any = None  # the FSDPParams of the group being reduce-scattered, meanwhile
 
     def builder(self, builder: Builder) -> Builder:
         """``builder`` with FSDP2 applied to what it builds (the model materialized as
@@ -314,8 +427,11 @@ class RankTracer:
             return
         entry = recorder.live.get(tensor.untyped_storage()._cdata)
         if entry is not None and entry[0] is not None:
-            group = self.group_names.get(id(fsdp_params[0]), "?") if fsdp_params else "?"
-            self.tags[entry[0]] = (what, group)
+            self.tags[entry[0]] = (what, self.group_of(fsdp_params))
+
+    def group_of(self, fsdp_params: Any) -> str:
+        """The name of the FSDP group these FSDPParams make ("?" for none)."""
+        return self.group_names.get(id(fsdp_params[0]), "?") if fsdp_params else "?"
 
     def _name_groups(self, model: torch.nn.Module) -> None:
         from torch.distributed.fsdp import FSDPModule
@@ -333,6 +449,7 @@ class RankTracer:
         with (
             fake_process_group(self.plan.world_size, self.plan.rank),
             _unrecorded_propagation(self),
+            _gloo_buffers(self) if self.plan.backend == "gloo" else contextlib.nullcontext(),
         ):
             if self.plan.sharded:
                 with _fsdp_tags(self), _chunks_on_demand():
@@ -570,9 +687,10 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
         "description": DESCRIPTIONS[plan.strategy],
         "summary": plan.describe(),
         "memory": [],
+        "backend": plan.backend,
         "communicators": communicators(plan),
         "communicator_bytes": trace.communicator_bytes,
-        "communicator_note": NCCL_SOURCE,
+        "communicator_note": NCCL_SOURCE if plan.backend == "nccl" else GLOO_SOURCE,
     }
     if applied is None:
         return section
@@ -587,6 +705,8 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
             "chosen_by": "--shard-module" if plan.shard_module else "the repeated blocks",
         }
         items = fsdp_items(applied.workload.model, "cuda")
+        if plan.backend == "gloo":
+            items.extend(_gloo_items(items))
         _at_the_peak(items, tracer, trace, result)
         section["memory"].extend(items)
         if plan.cpu_offload:
@@ -628,7 +748,22 @@ def _ddp_item(plan: ParallelPlan, tracer: RankTracer) -> dict[str, Any]:
 _WHAT = {
     "fsdp_unsharded_parameters": ("unsharded", "all_gather"),
     "fsdp_reduce_scatter_buffers": ("reduce_scatter",),
+    "gloo_reduce_scatter_copies": ("gloo_reduce_scatter_copy",),
 }
+
+
+def _gloo_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Over gloo: its copy of each group's reduce-scatter input, as large as the input."""
+    reduce = next((i for i in items if i["name"] == "fsdp_reduce_scatter_buffers"), None)
+    if reduce is None:
+        return []
+    return [
+        {
+            **reduce,
+            "name": "gloo_reduce_scatter_copies",
+            "label": "gloo's copies of reduce-scatter inputs",
+        }
+    ]
 
 
 def _at_the_peak(
@@ -658,7 +793,7 @@ def _at_the_peak(
             f"alive at the peak: {_groups(len(groups))}"
             + (f" ({shown}), {format_bytes(item['at_peak_bytes'])}" if groups else "")
             + f"; at most {_groups(item['most_groups_at_once'])} at once. "
-            + (_GATHER_NOTE if item["name"] == "fsdp_unsharded_parameters" else _REDUCE_NOTE)
+            + _NOTES[item["name"]]
         )
 
 
@@ -671,6 +806,16 @@ _REDUCE_NOTE = (
     "In backward each group's gradients are packed into one reduce-scatter input (in the "
     "reduce dtype), kept until the next group's reduce-scatter."
 )
+_GLOO_NOTE = (
+    "gloo's reduce-scatter clones its input on the device and all-reduces the clone "
+    "(through pinned host memory): one more reduce-scatter input, from the collective to its "
+    "end."
+)
+_NOTES = {
+    "fsdp_unsharded_parameters": _GATHER_NOTE,
+    "fsdp_reduce_scatter_buffers": _REDUCE_NOTE,
+    "gloo_reduce_scatter_copies": _GLOO_NOTE,
+}
 
 
 def _groups(count: int) -> str:
@@ -739,6 +884,8 @@ def _attach(report: Report, plan: ParallelPlan, section: dict[str, Any], trace: 
                 f"({count} communicator{'s' if count > 1 else ''}): {NCCL_SOURCE}",
             )
         )
+    if section.get("backend") == "gloo":
+        findings.append(Finding("gloo", "info", GLOO_SOURCE))
     units = section.get("sharded_modules")
     if units is not None and not units["count"]:
         findings.append(

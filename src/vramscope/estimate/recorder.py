@@ -205,11 +205,17 @@ class Recorder:
                 return
 
     def persistent(self, size: int, kind: str, op: str) -> int | None:
-        """A buffer a library keeps for the rest of the run (cuBLAS workspaces)."""
+        """A buffer a library keeps for the rest of the run (cuBLAS workspaces), or until
+        :meth:`release` (a collective's copy of its input); its block (None: not recorded)."""
         if not self.recording or size <= 0 or self.paused:
             return None
         with self.lock:
             return self._alloc(size, kind, op)
+
+    def release(self, bid: int) -> None:
+        """Free a buffer :meth:`persistent` recorded."""
+        with self.lock:
+            self._free(bid)
 
     def empty_cache(self, *_: Any, **__: Any) -> None:
         if self.recording:
