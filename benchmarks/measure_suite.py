@@ -72,6 +72,18 @@ def measure_case(case: Case, tmp: Path) -> dict:
     return row
 
 
+def library_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {}
+    for name in ("torch", "transformers", "peft", "accelerate", "timm", "torchvision"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -97,6 +109,9 @@ def main() -> None:
             flush=True,
         )
     meta = {"date": datetime.date.today().isoformat(), "jobs": args.jobs}
+    # the libraries whose code the cases run: an estimate runs its own copy of them, so a
+    # comparison holds only where the versions agree (attention implementations change)
+    meta["libraries"] = library_versions()
     if rows and "device" in rows[0]:
         meta.update(
             gpu=rows[0]["device"].get("name"),
