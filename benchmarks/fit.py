@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from vramscope.fit.search import compare, fit
+from vramscope.fit.compare import compare
+from vramscope.fit.search import fit
 from vramscope.fit.trial import run_trial
 
 GiB = 2**30

@@ -377,7 +377,7 @@ def test_chunks_on_demand_are_torchs_chunks():
 
 
 def test_compare_puts_the_strategies_side_by_side_per_rank():
-    from vramscope.fit.search import compare
+    from vramscope.fit.compare import compare
 
     report = compare([TOWER], 4, parallel=ParallelPlan("fsdp", 8), parallel_each=True)
     rows = {r["name"]: r for r in report.extra["fit"]["strategies"]}

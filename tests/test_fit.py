@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from vramscope.examples import ExampleCNN, ExampleGPT
+from vramscope.fit.compare import compare
 from vramscope.fit.search import (
     Estimator,
     _search_from,
-    compare,
     fit,
     largest_fitting,
     make_target,

@@ -313,7 +313,7 @@ def test_lora_freezes_the_model_and_trains_the_adapters_alone(tiny):
 
 def test_compare_runs_full_fine_tuning_against_lora_and_lora_with_checkpointing(tiny):
     pytest.importorskip("peft", reason="LoRA needs peft")
-    from vramscope.fit.search import compare
+    from vramscope.fit.compare import compare
     from vramscope.fit.strategies import default_strategies
 
     spec = f"hf:{tiny['mistral-7b']}/seq=64"

@@ -15,7 +15,8 @@ from rich.console import Console, RenderableType
 import vramscope
 from vramscope.cli.info import render_info
 from vramscope.devices import SystemInfo
-from vramscope.fit.search import compare, fit
+from vramscope.fit.compare import compare
+from vramscope.fit.search import fit
 from vramscope.report.diff import diff_reports, render_terminal
 from vramscope.report.model import Report
 from vramscope.report.terminal import render

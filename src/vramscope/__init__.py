@@ -22,7 +22,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from vramscope.contract import Workload
-    from vramscope.fit.search import compare
+    from vramscope.fit.compare import compare
     from vramscope.report.model import Report
     from vramscope.tracking.runner import measure
     from vramscope.tracking.session import Session, profile, track
@@ -33,7 +33,7 @@ _LAZY = {
     "track": "vramscope.tracking.session",
     "profile": "vramscope.tracking.session",
     "measure": "vramscope.tracking.runner",
-    "compare": "vramscope.fit.search",
+    "compare": "vramscope.fit.compare",
     "Workload": "vramscope.contract",
 }
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vramscope.fit.search import compare, fit
+from vramscope.fit.compare import compare
+from vramscope.fit.search import fit
 from vramscope.fit.trial import run_trial
 
 pytestmark = pytest.mark.gpu

@@ -53,8 +53,8 @@ def command(
     this GPU in fresh processes when there is one, estimated otherwise; or compare several
     WORKLOADS (model variants) with the per-module difference. With --world-size N and no
     --strategy: DDP, ZeRO-1, ZeRO-2, HSDP and FSDP per rank side by side."""
+    from vramscope.fit.compare import compare
     from vramscope.fit.render import render_fit_report
-    from vramscope.fit.search import compare
     from vramscope.fit.strategies import get_strategy
 
     check_paths(json_path, html_path, trace_path, csv_path)
