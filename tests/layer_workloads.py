@@ -27,12 +27,15 @@ class Recurrent(nn.Module):
         return self.head(y if self.batch_first else y.transpose(0, 1))
 
 
-def _language_model(model: nn.Module, batch_size: int, device: torch.device, train: bool):
+def language_model(
+    model: nn.Module, batch_size: int, device: torch.device, train: bool, seq: int = SEQ
+) -> vramscope.Workload:
+    """Next-token prediction on random tokens (Adam), or the forward alone (``train`` off)."""
     model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if train else None
 
     def batch():
-        x = torch.randint(0, VOCAB, (batch_size, SEQ), device=device)
+        x = torch.randint(0, VOCAB, (batch_size, seq), device=device)
         return x, x
 
     def loss(m, x, y):
@@ -46,26 +49,26 @@ def _language_model(model: nn.Module, batch_size: int, device: torch.device, tra
 
 def lstm(batch_size: int, device: torch.device) -> vramscope.Workload:
     """Two layers, batch first: cuDNN's flat weights, reserve and workspace."""
-    return _language_model(Recurrent("LSTM", 512, 2, batch_first=True), batch_size, device, True)
+    return language_model(Recurrent("LSTM", 512, 2, batch_first=True), batch_size, device, True)
 
 
 def lstm_bidirectional(batch_size: int, device: torch.device) -> vramscope.Workload:
     """Sequence first, bidirectional, dropout between layers (cuDNN's dropout state)."""
     model = Recurrent("LSTM", 256, 2, bidirectional=True, dropout=0.1)
-    return _language_model(model, batch_size, device, True)
+    return language_model(model, batch_size, device, True)
 
 
 def lstm_inference(batch_size: int, device: torch.device) -> vramscope.Workload:
     """No reserve in inference."""
-    return _language_model(Recurrent("LSTM", 512, 2, batch_first=True), batch_size, device, False)
+    return language_model(Recurrent("LSTM", 512, 2, batch_first=True), batch_size, device, False)
 
 
 def gru(batch_size: int, device: torch.device) -> vramscope.Workload:
-    return _language_model(Recurrent("GRU", 512, 1, batch_first=True), batch_size, device, True)
+    return language_model(Recurrent("GRU", 512, 1, batch_first=True), batch_size, device, True)
 
 
 def rnn_tanh(batch_size: int, device: torch.device) -> vramscope.Workload:
-    return _language_model(Recurrent("RNN", 256, 2), batch_size, device, True)
+    return language_model(Recurrent("RNN", 256, 2), batch_size, device, True)
 
 
 class PackedRecurrent(nn.Module):

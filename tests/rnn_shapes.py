@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 import vramscope
-
-VOCAB, WIDTH = 1000, 256
+from layer_workloads import Recurrent, language_model
 
 # name: (cell, hidden, layers, bidirectional, sequence length, batch size, training)
 SHAPES: dict[str, tuple[str, int, int, bool, int, int, bool]] = {
@@ -38,37 +36,12 @@ SHAPES: dict[str, tuple[str, int, int, bool, int, int, bool]] = {
 }
 
 
-class Recurrent(nn.Module):
-    def __init__(self, cell: str, hidden: int, layers: int, bidirectional: bool) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, WIDTH)
-        self.rnn = getattr(nn, cell)(
-            WIDTH, hidden, num_layers=layers, bidirectional=bidirectional, batch_first=True
-        )
-        self.head = nn.Linear(hidden * (2 if bidirectional else 1), VOCAB)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.rnn(self.emb(x))[0])
-
-
 def _builder(name: str) -> Callable[[int, torch.device], vramscope.Workload]:
     cell, hidden, layers, bidirectional, seq, _, train = SHAPES[name]
 
     def build(batch_size: int, device: torch.device) -> vramscope.Workload:
-        model = Recurrent(cell, hidden, layers, bidirectional).to(device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3) if train else None
-
-        def batch():
-            x = torch.randint(0, VOCAB, (batch_size, seq), device=device)
-            return x, x
-
-        def loss(m, x, y):
-            out = m(x)
-            if not train:
-                return out
-            return nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
-
-        return vramscope.Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
+        model = Recurrent(cell, hidden, layers, bidirectional=bidirectional, batch_first=True)
+        return language_model(model, batch_size, device, train, seq)
 
     build.__name__ = build.__qualname__ = name
     build.__doc__ = f"{cell}, hidden {hidden}, {layers} layer(s), sequence {seq}"
