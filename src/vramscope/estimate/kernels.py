@@ -51,6 +51,11 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   only, a weight gradient its transposes with 3 split-K slices instead of 14, and otherwise
   an engine without a workspace ran; torch caches the engine that ran. The replay tries
   those sizes in that order and keeps the choice (``Trace.fallbacks``) instead of failing.
+  Not modelled: cuDNN's heuristics also pick by batch size. ResNet-18 in float32 at batch
+  466-470 (``tests/data/fit_edge_h200_resnet18_*``) ran the 512-channel 3x3 convolutions on 7x7
+  with 7 to 7.5 MiB more than input, output and weight, the 256-to-512 1x1 stride-2 one with
+  input and weight, and the 128-to-256 one without a workspace; at batch 128 all three took
+  the operands the rules above give.
 
 Everything here is a global rule from those sources; nothing is fitted to a workload.
 """
