@@ -3,8 +3,11 @@
 Each workload runs in this one process: after warm-up, blocks of steps alternate between
 baseline and tracked (order rotated every round; each tracked block is a fresh
 ``vramscope.track()`` session, as a user's run would be), every step timed to a
-``torch.cuda.synchronize()``; the overhead is the ratio of the median per-step times, and
-the cost per step in microseconds is their difference. The workloads include short,
+``torch.cuda.synchronize()``. The overhead is paired by round: the median, over rounds, of
+a tracked block's median step time over the baseline block's of the same round, less one
+(the device's speed drifts by tens of percent between rounds on short steps; within a round
+it cancels); the cost per step in microseconds is that share of the baseline step. The ratio
+of the pooled medians is kept beside it (``pooled_overhead_pct``). The workloads include short,
 launch-bound steps (a 10.7M-parameter GPT: 3.5-15 ms a step, one of them compiled), where a
 fixed cost per step or per module call shows most.
 Also prints the cost of one allocator read, vramscope's way and torch.cuda's.
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import vramscope
 from vramscope.sources import allocator, nvml
+from vramscope.tracking.marking import FIRST_STEPS
 from vramscope.workload import StepRunner, Workload
 from vramscope.zoo import hf_builder, torchvision_builder
 
@@ -131,14 +135,18 @@ LONG_STEPS = tuple(list(WORKLOADS)[:6])
 SHORT_STEPS = tuple(list(WORKLOADS)[6:])
 
 
-def timed_steps(runner: StepRunner, steps: int, after_step: Callable | None = None) -> list[float]:
-    """Each step's time, the device synchronized before and after it; the block's first step
-    is run but not kept (a new session's one-time work: finding the model, counting its
-    bytes, happens there once per run, not per step)."""
+def timed_steps(
+    runner: StepRunner, steps: int, after_step: Callable | None = None, warmup: int = 1
+) -> list[float]:
+    """Each step's time, the device synchronized before and after it; the block's first
+    ``warmup`` steps are run but not kept: a new session's one-time work (finding the model,
+    counting its bytes; with ``--detail modules`` its first marked steps and the step it
+    times without markers) happens there once per run, not per step."""
     times = []
-    runner()
-    if after_step is not None:
-        after_step()
+    for _ in range(warmup):
+        runner()
+        if after_step is not None:
+            after_step()
     for _ in range(steps):
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -156,6 +164,14 @@ def spread_pct(times: list[float], center: float) -> float:
     return round(100 * (q[-1] - q[0]) / center, 2)
 
 
+def paired_pct(blocks: list[float], base_blocks: list[float]) -> float:
+    """The median over rounds of (this block / the baseline block of the same round - 1),
+    in percent: the blocks of one round run back to back, so a drift of the device's speed
+    between rounds (tens of percent for short steps) cancels."""
+    ratios = [b / a - 1 for a, b in zip(base_blocks, blocks, strict=False) if a > 0]
+    return round(100 * statistics.median(ratios), 2) if ratios else float("nan")
+
+
 SHORT_STEP_S = 0.02  # steps shorter than this: many short blocks, the device's moods average out
 
 
@@ -165,7 +181,7 @@ def block_plan(runner: StepRunner, rounds: int) -> tuple[int, int]:
     H200 (16 rounds of 0.12 s left ±5% between runs), so many short interleaved blocks."""
     t = statistics.median(timed_steps(runner, 11))  # 3 steps once misjudged a 14 ms step
     if t < SHORT_STEP_S:
-        return max(rounds, 40), max(4, min(30, round(0.05 / t)))
+        return max(rounds, 60), max(4, min(30, round(0.05 / t)))
     return rounds, max(6, min(60, round(0.3 / t)))
 
 
@@ -179,22 +195,30 @@ def bench_workload(name: str, builder: Callable, batch: int, rounds: int, steps:
     steps = max(steps, planned)
     base: list[float] = []
     tracked: list[float] = []
+    base_blocks: list[float] = []
+    tracked_blocks: list[float] = []
     for r in range(rounds):
         order = ("base", "tracked") if r % 2 == 0 else ("tracked", "base")
         for mode in order:
             if mode == "base":
-                base += timed_steps(runner, steps)
+                values = timed_steps(runner, steps)
+                base += values
+                base_blocks.append(statistics.median(values))
             else:
                 with vramscope.track(name=name):
-                    tracked += timed_steps(runner, steps)
+                    values = timed_steps(runner, steps)
+                tracked += values
+                tracked_blocks.append(statistics.median(values))
     b, t = statistics.median(base), statistics.median(tracked)
+    paired = paired_pct(tracked_blocks, base_blocks)
     result = {
         "workload": name,
         "batch_size": batch,
         "step_ms_baseline": round(b * 1000, 3),
         "step_ms_tracked": round(t * 1000, 3),
-        "overhead_pct": round(100 * (t - b) / b, 2),
-        "cost_us_per_step": round((t - b) * 1e6, 1),
+        "overhead_pct": paired,
+        "cost_us_per_step": round(b * paired * 1e4, 1),
+        "pooled_overhead_pct": round(100 * (t - b) / b, 2),
         "baseline_spread_pct": spread_pct(base, b),
         "rounds": rounds,
         "steps_per_block": steps,
@@ -278,7 +302,10 @@ def bench_methods(
         runner()
     rounds, planned = block_plan(runner, rounds)
     steps = max(steps, planned)
+    # steps a block runs before it keeps any: every method the same, so blocks are alike
+    warmup = FIRST_STEPS + 1 if "modules" in methods else 1
     times: dict[str, list[float]] = {"base": []}
+    blocks: dict[str, list[float | None]] = {m: [] for m in ["base", *methods]}
     errors: dict[str, str] = {}
     order = ["base", *methods]
     for r in range(rounds):
@@ -292,12 +319,16 @@ def bench_methods(
             n = min(steps, 3) if slow else steps
             try:
                 if method == "base":
-                    times["base"] += timed_steps(runner, n)
+                    values = timed_steps(runner, n, warmup=warmup)
+                    times["base"] += values
+                    blocks["base"].append(statistics.median(values))
                     continue
                 context, after = _method_context(method, name)
                 with context:
-                    values = timed_steps(runner, n, after)
+                    values = timed_steps(runner, n, after, warmup=warmup)
                 times.setdefault(method, []).extend(values)
+                # paired with this round's baseline block (the slow methods' first rounds)
+                blocks[method].append(statistics.median(values))
             except Exception as exc:  # one failing method must not stop the others
                 errors[method] = f"{type(exc).__name__}: {exc}"[:300]
                 if w.optimizer is not None:
@@ -310,6 +341,7 @@ def bench_methods(
         "baseline_spread_pct": spread_pct(times["base"], base),
         "rounds": rounds,
         "steps_per_block": steps,
+        "warmup_steps_per_block": warmup,
         "methods": {},
     }
     for method in methods:
@@ -317,10 +349,12 @@ def bench_methods(
             result["methods"][method] = {"error": errors[method]}
             continue
         t = statistics.median(times[method])
+        paired = paired_pct(blocks[method], blocks["base"])  # type: ignore[arg-type]
         result["methods"][method] = {
             "step_ms": round(t * 1000, 3),
-            "overhead_pct": round(100 * (t - base) / base, 2),
-            "cost_us_per_step": round((t - base) * 1e6, 1),
+            "overhead_pct": paired,
+            "cost_us_per_step": round(base * paired * 1e4, 1),
+            "pooled_overhead_pct": round(100 * (t - base) / base, 2),
             "steps": len(times[method]),
         }
     default = result["methods"].get("default", {})

@@ -84,6 +84,22 @@ def test_modules_detail_keeps_the_compiled_model_compiled(tmp_path):
     assert "torch.compile" in " ".join(report.extra.get("attribution_notes", []))
 
 
+def test_module_markers_on_some_steps_keep_the_compiled_model_compiled(tmp_path):
+    """--module-steps 2: the markers turn on and off between steps; no frame compiles again."""
+    out = tmp_path / "r.json"
+    options = ("--backend", "inductor", "--steps", "9")
+    plain = _run(str(SCRIPT), *options)
+    tracked = _run(
+        "-m", "vramscope", "run", "--detail", "modules", "--module-steps", "2",
+        "--json", str(out), str(SCRIPT), *options,
+    )  # fmt: skip
+    _compare(tracked, plain)
+    report = Report.load(out)
+    assert report.peak.allocated_bytes == tracked["max_allocated"]
+    schedule = report.extra["attribution"]["module_steps"]
+    assert schedule["unmarked_steps"] > 0, schedule
+
+
 @pytest.mark.parametrize("how", ["model", "method"])
 def test_compiled_phase_peaks_equal_max_memory_allocated_windows(how):
     device = torch.device("cuda")

@@ -32,6 +32,17 @@ def detail_options(func):
                 help="Module tree depth shown with --detail modules.",
             ),
             click.option(
+                "--module-steps",
+                "module_steps",
+                default="auto",
+                show_default=True,
+                metavar="auto|all|N",
+                help="With --detail modules: the steps that place module markers. auto: every "
+                "step while the markers cost under 2% of a step, else the first 3 and every "
+                "N-th with N chosen to keep that; all: every step; N: the first 3 and every "
+                "N-th. Phase peaks and categories cover every step either way.",
+            ),
+            click.option(
                 "--lines-of",
                 "lines_of",
                 multiple=True,
@@ -113,6 +124,7 @@ def command(
     allocator_config: str | None,
     detail: str,
     depth: int,
+    module_steps: str,
     lines_of: tuple[str, ...],
     snapshot_path: str | None,
     nproc: int | None,
@@ -164,6 +176,7 @@ def command(
         workload={"allocator_config": allocator_config},
         detail=detail,
         depth=depth,
+        module_steps=module_steps,
         lines_of=list(lines_of) or [script],
         snapshot=snapshot_path,
     )
@@ -204,6 +217,7 @@ def _run_options(params: dict[str, Any]) -> list[str]:
         "allocator_config": "--allocator-config",
         "detail": "--detail",
         "depth": "--depth",
+        "module_steps": "--module-steps",
         "snapshot_path": "--snapshot",
         "gather_timeout": "--gather-timeout",
         "gather_via": "--gather-via",

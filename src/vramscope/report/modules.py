@@ -34,6 +34,7 @@ from vramscope.tracking.events import (
     EventLog,
     allocator_block_sizes,
 )
+from vramscope.tracking.marking import describe, expand
 
 CATEGORIES = CATEGORY_NAMES
 OUTSIDE = "(outside modules)"
@@ -120,21 +121,27 @@ def analyze(
     main_root = _main_root(modules_table)
     names = [_display_name(i, modules_table, main_root) for i in range(len(modules_table))]
     peak_blocks = replay.live_at_peak()
-    categories = _categories(replay, peak_blocks)
+    categories = _categories(replay, peak_blocks)  # the run's peak: markers not needed
+    peak = {
+        "allocated_bytes": replay.peak,
+        "record": replay.peak_pos,
+        "step": replay.peak_step,
+        "phase": replay.peak_phase,
+    }
+    module_peak = replay.use_marked_peak()  # module tables need a step with markers
+    if module_peak is not None:
+        peak_blocks = replay.live_at_peak()
     result: dict[str, Any] = {
         "source": log.source,
         "device": log.device,
-        "peak": {
-            "allocated_bytes": replay.peak,
-            "record": replay.peak_pos,
-            "step": replay.peak_step,
-            "phase": replay.peak_phase,
-        },
+        "peak": peak,
+        "module_peak": module_peak,
+        "module_steps": log.meta.get("module_steps"),
         "categories": categories,
         "modules": _module_rows(replay, modules_table, names, main_root, depth, peak_blocks),
         "peak_tensors": _peak_tensors(replay, peak_blocks, categories, names, top),
         "lines": _line_tables(replay, log),
-        "notes": list(log.notes) + replay.notes,
+        "notes": list(log.notes) + replay.notes + _marking_notes(log, peak, module_peak),
         "block_labels": _block_labels(replay, names) if labels else None,
         "stats": {
             "records": len(log.records),
@@ -177,6 +184,16 @@ class _Replay:
         self.depths = [m.get("depth", 0) for m in log.modules]
         self.census_labels = 0
         self.census_missed = 0
+        # the steps that placed module markers (None: all of them)
+        self.marked: set[int] | None = None
+        schedule = log.meta.get("module_steps") or {}
+        if schedule.get("unmarked_steps"):
+            self.marked = expand(schedule.get("marked_steps") or [])
+        self.step_marked = True
+        self.marked_peak = -1
+        self.marked_peak_pos = -1
+        self.marked_peak_step: int | None = None
+        self.marked_peak_phase: str | None = None
 
     # ---- helpers -------------------------------------------------------------------------------
     def _depth(self, module: int) -> int:
@@ -251,6 +268,11 @@ class _Replay:
                     self.peak_pos = pos
                     self.peak_step = self.step
                     self.peak_phase = self.phase
+                if self.step_marked and self.live_total > self.marked_peak:
+                    self.marked_peak = self.live_total
+                    self.marked_peak_pos = pos
+                    self.marked_peak_step = self.step
+                    self.marked_peak_phase = self.phase
             elif kind == FREE:
                 b = blocks.get(record[1])
                 if b is None or b.free is not None:
@@ -283,6 +305,7 @@ class _Replay:
             elif kind == STEP:
                 self.step = record[1]
                 self.step_starts[record[1]] = pos
+                self.step_marked = self.marked is None or record[1] in self.marked
             elif kind == CENSUS:
                 self._census(record[1])
             elif kind in (CALL, LINE, RETURN):
@@ -398,6 +421,24 @@ class _Replay:
             if outer and run.peak > outer[-1].peak:
                 outer[-1].peak = run.peak
 
+    def use_marked_peak(self) -> dict[str, Any] | None:
+        """When the run's peak fell in a step without module markers: describe the highest
+        point of the marked steps from now on (the module tables and peak tensors); returns
+        that point, or None when the peak itself is in a marked step."""
+        if self.marked is None or self.peak_step is None or self.peak_step in self.marked:
+            return None
+        if self.marked_peak_pos < 0:
+            return None
+        self.peak_pos = self.marked_peak_pos
+        self.peak_step = self.marked_peak_step
+        self.peak_phase = self.marked_peak_phase
+        return {
+            "allocated_bytes": self.marked_peak,
+            "record": self.marked_peak_pos,
+            "step": self.marked_peak_step,
+            "phase": self.marked_peak_phase,
+        }
+
     # ---- queries ---------------------------------------------------------------------------------
     def live_at_peak(self) -> list[Block]:
         pos = self.peak_pos
@@ -437,6 +478,37 @@ class _Replay:
             if found is not None and found.step != self.passes[i].step:
                 found = None
         return found
+
+
+def _marking_notes(
+    log: EventLog, peak: dict[str, Any], module_peak: dict[str, Any] | None
+) -> list[str]:
+    """What the report says when some steps placed no module markers."""
+    schedule = log.meta.get("module_steps") or {}
+    if not schedule.get("unmarked_steps"):
+        return []
+    marked = schedule.get("marked_steps") or []
+    count = sum(b - a + 1 for a, b in marked)
+    why = (
+        f"after the first steps, one in every {schedule.get('interval')}, which keeps their "
+        "cost near 2% of a step"
+        if schedule.get("policy") == "auto"
+        else f"--module-steps {schedule.get('policy')}"
+    )
+    notes = [
+        f"module markers were placed in {count} of {schedule.get('steps')} steps "
+        f"({describe(marked)}): {why}; phase peaks and categories cover every step "
+        "(--module-steps all marks every step)"
+    ]
+    if module_peak is not None:
+        gap = peak["allocated_bytes"] - module_peak["allocated_bytes"]
+        notes.append(
+            f"the run's peak was in step {peak['step']}, which has no module markers; the "
+            f"module tables and peak tensors describe the highest point of a marked step "
+            f"(step {module_peak['step']}, {module_peak['phase']}), "
+            + ("the same bytes" if gap == 0 else f"{gap} bytes below the run's peak")
+        )
+    return notes
 
 
 def _priority(category: str) -> int:
@@ -846,6 +918,8 @@ def apply_to_report(report: Any, analysis: dict[str, Any], detail: str) -> None:
         "peak_phase": analysis["peak"]["phase"],
         "categories": cats,
         "stats": analysis["stats"],
+        "module_steps": analysis.get("module_steps"),
+        "module_peak": analysis.get("module_peak"),
     }
     run_peak = report.peak.allocated_bytes
     from vramscope.report.model import Categories

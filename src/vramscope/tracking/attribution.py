@@ -44,6 +44,7 @@ from vramscope.tracking.events import (
     merge_allocator_trace,
     trim_records,
 )
+from vramscope.tracking.marking import MarkerSchedule
 
 DETAILS = ("default", "modules", "lines")
 MAX_TRACE_ENTRIES = int(os.environ.get("VRAMSCOPE_TRACE_ENTRIES", "300000"))
@@ -123,11 +124,16 @@ class Recorder:
         stacks: bool = True,
         backward_depth: int = BACKWARD_HOOK_DEPTH,
         marker_depth: int | None = None,
+        module_steps: str | int = "all",
     ) -> None:
         self.device_type = device_type
         # modules nested deeper than this place no markers: what they allocate counts to
         # their ancestor at this depth (None: every module is marked)
         self.marker_depth = marker_depth
+        # which steps place module markers (see tracking/marking.py); phases, steps and the
+        # allocator's trace are recorded in every step
+        self.schedule = MarkerSchedule(module_steps)
+        self.marking = True
         self.device_index = device_index
         self.lines = lines
         self.stacks = stacks
@@ -430,7 +436,12 @@ class Recorder:
     def _enter(self, module: torch.nn.Module) -> None:
         """A call of a wrapped class begins (see hooks.wrap_class): marked modules mark it."""
         index = self._marked.get(id(module))
-        if index is None or not self.active or self.modules[index]() is not module:
+        if (
+            index is None
+            or not self.marking
+            or not self.active
+            or self.modules[index]() is not module
+        ):
             return
         self.stack.append(index)
         self.mark([ENTER, index])
@@ -476,6 +487,7 @@ class Recorder:
         self._new_root(module, index)
         from vramscope.tracking import hooks
 
+        added = []
         for name, sub in _named_modules(module):
             depth = name.count(".") + 1 if name else 0
             if self.marker_depth is not None and depth > self.marker_depth:
@@ -483,6 +495,9 @@ class Recorder:
             sub_index = self.module_index(sub)
             self._marked[id(sub)] = sub_index
             hooks.wrap_class(type(sub), instance=sub)
+            added.append(id(sub))
+        if not self.marking:  # found in a step without markers: quiet until the next one
+            hooks.set_instances(added, False)
 
     def _new_root(self, module: torch.nn.Module, index: int) -> None:
         if index in self._roots:
@@ -511,9 +526,22 @@ class Recorder:
             return
         self._node_handles = [h for h in self._node_handles[-4096:]]
         self._step_starts.append(len(self.log))
+        marking = self.schedule.begin(index)
+        if marking != self.marking:
+            self._set_marking(marking)
         self.mark([STEP, index])
         if len(self.log) > MAX_RECORDS:
             self._trim()
+
+    def _set_marking(self, on: bool) -> None:
+        """Turn the module markers on or off (between steps): the marked modules' calls
+        stop reaching the recorder, so a step without markers runs at nn.Module's speed."""
+        from vramscope.tracking import hooks
+
+        while self.stack and not on:  # a call left open (an exception): close it
+            self.mark([EXIT, self.stack.pop()])
+        self.marking = on
+        hooks.set_instances(self._marked, on)
 
     def _trim(self) -> None:
         """Keep the newest half of the log, cut at a step boundary."""
@@ -552,6 +580,8 @@ class Recorder:
             return
         self._optimizers.add(optimizer)
         self._optimizer_steps += 1
+        if not self.marking and self._grad_censuses:
+            return  # a step without markers: the lifetimes say what its gradients are
         if self._grad_censuses >= MAX_GRAD_CENSUSES and self._optimizer_steps % 64:
             return
         self._grad_censuses += 1
@@ -762,6 +792,7 @@ class Recorder:
                 "dropped_steps": self._dropped_steps,
                 "torch_version": torch.__version__,
                 "lines_mode": getattr(self._tracer, "mode", None),
+                "module_steps": self.schedule.summary(),
             },
         )
         if self._tracer is not None:
@@ -929,6 +960,12 @@ def start_recorder(session: Any) -> Recorder | None:
         lines=session.detail == "lines",
         line_targets=options.get("lines_of") or (),
         stacks=session.detail == "lines" or bool(options.get("snapshot")) or STACKS_ALWAYS,
+        # lines and snapshots label every step; modules mark the steps the schedule picks
+        module_steps=(
+            options.get("module_steps", "auto")
+            if session.detail == "modules" and not options.get("snapshot")
+            else "all"
+        ),
         marker_depth=(
             options.get("depth")
             if session.detail == "modules" and not options.get("snapshot")

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
@@ -174,6 +175,16 @@ def wrap_class(cls: type, instance: torch.nn.Module | None = None) -> None:
         _never_compiled(__call__)
         _WRAPPED[cls] = cls.__dict__.get("__call__", _MISSING)
         type.__setattr__(cls, "__call__", __call__)
+
+
+def set_instances(ids: Iterable[int], on: bool) -> None:
+    """Report, or stop reporting, the calls of single modules (by ``id``) whose classes stay
+    wrapped: a module left out costs its wrapper's one membership test per call."""
+    with _LOCK:
+        if on:
+            _INSTANCES.update(ids)
+        else:
+            _INSTANCES.difference_update(ids)
 
 
 def _wanted(module: torch.nn.Module) -> bool:

@@ -64,13 +64,20 @@ class Session:
         depth: int = 3,
         lines_of: list[Any] | None = None,
         snapshot: str | None = None,
+        module_steps: str | int = "auto",
     ) -> None:
         # -- attribution: detail="modules"/"lines", see tracking/attribution.py --
         from vramscope.tracking.attribution import check_detail
+        from vramscope.tracking.marking import check_policy
 
         check_detail(detail, depth)
         self._attribution: Any = None
-        self._attribution_options = {"depth": depth, "lines_of": lines_of, "snapshot": snapshot}
+        self._attribution_options = {
+            "depth": depth,
+            "lines_of": lines_of,
+            "snapshot": snapshot,
+            "module_steps": check_policy(module_steps),
+        }
         # -- end attribution --
         self.name = name
         self.workload_info = dict(workload or {})
@@ -514,6 +521,8 @@ class Session:
             and not step.saw_optimizer
             and step is not self._peak_record
         ):
+            if self._attribution is not None:
+                self._attribution.schedule.forget(step.index)
             return  # only data loading (the loader's last, empty fetch) or nothing
         self._steps.append(step)
         if step.forwards and self._hooks is not None:
@@ -790,10 +799,13 @@ def track(
     depth: int = 3,
     lines_of: list[Any] | None = None,
     snapshot: str | None = None,
+    module_steps: str | int = "auto",
 ) -> Session:
     """Track the memory of a block of code: ``with vramscope.track() as session: ...``.
 
-    ``detail="modules"`` adds the module tree and exact categories at the peak;
+    ``detail="modules"`` adds the module tree and exact categories at the peak
+    (``module_steps``: ``"auto"``, ``"all"`` or N, the steps that place module markers, see
+    :mod:`vramscope.tracking.marking`);
     ``detail="lines"`` also line tables of ``lines_of`` (functions, files or names);
     ``snapshot`` writes a memory_viz snapshot when the report is made.
     """
@@ -805,6 +817,7 @@ def track(
         depth=depth,
         lines_of=lines_of,
         snapshot=snapshot,
+        module_steps=module_steps,
     )
 
 

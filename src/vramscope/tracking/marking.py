@@ -1,0 +1,149 @@
+"""Which steps of a run place per-module markers (``--detail modules``).
+
+Every module call that places a marker costs a few microseconds of Python (its class's call
+wrapper, the marker, a hook on the autograd node of its output, the hook's call in
+backward). On a long step that is noise; on a short, launch-bound step (a small GPT, a
+batch-1 inference) it adds tens of percent. The steps of a training or inference loop repeat
+the same allocations, so the per-module tables need a few of them, not all:
+
+- ``"all"``: every step is marked (as before; also what ``--detail lines`` and snapshots use);
+- an integer N: the first steps, then every N-th;
+- ``"auto"`` (the default): the first steps, then one step without markers to time the
+  run's own step, then every step while markers add at most ``COST_SHARE`` of it, else
+  every N-th step with N chosen so that they add that much on average.
+
+Steps without markers are still in the allocator's trace and in every phase peak (those
+never depend on markers); the report says which steps carry module markers, and the module
+tables describe the highest point among them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+
+from vramscope.errors import VramscopeError
+
+FIRST_STEPS = 3  # always marked: the first step differs (optimizer state, warm-up)
+COST_SHARE = 0.02  # "auto": what markers may add to the run's step time, on average
+MAX_INTERVAL = 50
+PROBE_EVERY = 64  # "auto" with every step marked: a step without markers this often
+POLICIES = ("auto", "all")
+
+
+def check_policy(policy: str | int) -> str | int:
+    """``"auto"``, ``"all"`` or a whole number of steps ≥ 1 (also given as text)."""
+    if isinstance(policy, str) and policy.strip().isdigit():
+        policy = int(policy.strip())
+    if isinstance(policy, bool) or not (
+        policy in POLICIES or (isinstance(policy, int) and policy >= 1)
+    ):
+        raise VramscopeError(
+            f"module steps must be auto, all or a number of steps (1 or more), not {policy!r}"
+        )
+    return policy
+
+
+class MarkerSchedule:
+    """Says, at the start of each step, whether that step places module markers."""
+
+    def __init__(self, policy: str | int = "auto", clock=time.perf_counter) -> None:
+        self.policy = check_policy(policy)
+        self.interval = policy if isinstance(policy, int) else 1
+        self._clock = clock
+        self._marked_s: deque[float] = deque(maxlen=8)  # step times with markers
+        self._plain_s: deque[float] = deque(maxlen=8)  # and without
+        self._open: tuple[float, bool, int] | None = None  # (start, marked, count) of the open step
+        self._count = 0  # steps begun
+        self._since_mark = 0  # steps begun since the last marked one
+        self._since_probe = 0
+        self.marked_steps: list[int] = []
+        self.unmarked = 0
+
+    def begin(self, index: int) -> bool:
+        """Step ``index`` begins (the previous one ended now): mark it or not."""
+        now = self._clock()
+        if self._open is not None:
+            start, marked, count = self._open
+            if count > 0:  # the first step is warm-up, not the run's step
+                (self._marked_s if marked else self._plain_s).append(now - start)
+                self._update_interval()
+        mark = self._decide()
+        self._open = (now, mark, self._count)
+        self._count += 1
+        if mark:
+            self.marked_steps.append(index)
+            self._since_mark = 0
+        else:
+            self.unmarked += 1
+            self._since_mark += 1
+        return mark
+
+    def forget(self, index: int) -> None:
+        """Step ``index`` turned out empty (no forward, backward or optimizer step): it is
+        not one of the run's steps."""
+        if index in self.marked_steps:
+            self.marked_steps.remove(index)
+        elif self.unmarked:
+            self.unmarked -= 1
+        else:
+            return
+        self._count -= 1
+
+    def _decide(self) -> bool:
+        if self.policy == "all" or self._count < FIRST_STEPS:
+            return True
+        if self.policy == "auto":
+            if not self._plain_s:
+                return False  # time one step of the run's own
+            self._since_probe += 1
+            if self.interval == 1:
+                if self._since_probe >= PROBE_EVERY:  # keep that time current
+                    self._since_probe = 0
+                    return False
+                return True
+        return self._since_mark + 1 >= self.interval
+
+    def _update_interval(self) -> None:
+        if self.policy != "auto" or not self._marked_s or not self._plain_s:
+            return
+        plain = statistics.median(self._plain_s)
+        if plain <= 0:
+            return
+        added = statistics.median(self._marked_s) / plain - 1
+        self.interval = max(1, min(MAX_INTERVAL, math.ceil(added / COST_SHARE)))
+
+    def summary(self) -> dict[str, object]:
+        """What the report says about the schedule."""
+        return {
+            "policy": self.policy,
+            "interval": self.interval,
+            "marked_steps": compress(self.marked_steps),
+            "steps": self._count,
+            "unmarked_steps": self.unmarked,
+        }
+
+
+def compress(indices: list[int]) -> list[list[int]]:
+    """Sorted step indices as ``[first, last]`` ranges."""
+    out: list[list[int]] = []
+    for i in indices:
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def expand(ranges: list[list[int]]) -> set[int]:
+    return {i for first, last in ranges for i in range(first, last + 1)}
+
+
+def describe(ranges: list[list[int]], limit: int = 6) -> str:
+    """``0-2, 10, 20, 30 and 4 more`` for a report line."""
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in ranges]
+    if len(parts) > limit:
+        return ", ".join(parts[:limit]) + f" and {len(parts) - limit} more"
+    return ", ".join(parts)
