@@ -217,6 +217,56 @@ def sdpa_mask_dropout(batch_size: int, device: torch.device) -> vramscope.Worklo
     return vramscope.Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
 
 
+class PositionBiasAttention(nn.Module):
+    """Attention whose additive mask is a learned bias per head and position pair, looked up
+    as (L, S, H) and permuted to (1, H, L, S) the way T5 builds its relative position bias:
+    the mask's last dimension then has the stride of the heads, not 1."""
+
+    def __init__(self, dim: int = 256, heads: int = 4, length: int = 256) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.bias = nn.Parameter(torch.zeros(length, length, heads))
+        self.contiguous_bias = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, dim = x.shape
+        q, k, v = self.qkv(x).view(b, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        mask = self.bias.permute(2, 0, 1).unsqueeze(0)
+        if self.contiguous_bias:
+            mask = mask.contiguous()
+        y = nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=0.1 if self.training else 0.0
+        )
+        return self.out(y.transpose(1, 2).reshape(b, length, dim))
+
+
+def _position_bias(batch_size: int, device: torch.device, contiguous: bool) -> vramscope.Workload:
+    model = PositionBiasAttention().to(device)
+    model.contiguous_bias = contiguous
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def batch():
+        return (torch.randn(batch_size, 256, 256, device=device),)
+
+    def loss(m, x):
+        return m(x).pow(2).mean()
+
+    return vramscope.Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
+
+
+def sdpa_position_bias(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """The permuted bias as the mask: on CUDA the math path (the fused kernels need a mask
+    whose last dimension has stride 1)."""
+    return _position_bias(batch_size, device, contiguous=False)
+
+
+def sdpa_position_bias_contiguous(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """The same bias made contiguous first: memory-efficient attention."""
+    return _position_bias(batch_size, device, contiguous=True)
+
+
 class FlexAttention(nn.Module):
     """``flex_attention`` with a causal score modification, called as it is (not compiled:
     the estimate does not trace ``torch.compile``)."""

@@ -256,6 +256,36 @@ def test_attention_with_a_boolean_mask_and_dropout():
     assert out[:2] == [batch * heads * length * head_dim * 2, block(batch * heads * length * F32)]
 
 
+@pytest.mark.parametrize("contiguous", [False, True])
+def test_a_mask_without_unit_stride_takes_the_math_path(contiguous):
+    # check_last_dim_stride_equals_1_dense (sdp_utils_cpp.h): on CUDA every fused kernel needs
+    # the mask's last dimension at stride 1. A bias looked up as (L, S, H) and permuted to
+    # (1, H, L, S), as T5 does, has stride H there: the math path runs (on an H200, torch 2.11:
+    # _fused_sdp_choice 0 for T5-base's self-attention, 2 once the bias is contiguous)
+    name = "sdpa_position_bias_contiguous" if contiguous else "sdpa_position_bias"
+    t = trace(name, 8)
+    batch, heads, length, head_dim = 8, 4, 256, 64
+    scores = batch * heads * length * length
+    assert t.sdpa == ({"efficient": 1} if contiguous else {"math": 1})  # chosen once a call
+    kept = sorted(
+        b.op
+        for b in t.blocks.values()
+        if b.phase == "forward" and b.freed_phase == "backward" and b.size == scores * F32
+    )
+    if contiguous:
+        assert kept == []
+        out = blocks(t, "_scaled_dot_product_efficient_attention.default", "forward")
+        assert out[:2] == [
+            batch * heads * length * head_dim * F32,
+            block(batch * heads * length * F32),
+        ]
+        return
+    # saved for backward: softmax's output, and dropout's output and boolean mask (CUDA's
+    # fused dropout), each (B, H, L, S)
+    assert kept == ["_safe_softmax.default", "native_dropout.default"]
+    assert blocks(t, "native_dropout.default", "forward") == [scores * F32, scores]
+
+
 def test_flex_attention_without_compile_runs_its_eager_implementation():
     t = trace("flex_attention", 8)
     batch, heads, length, head_dim = 8, 4, 512, 64

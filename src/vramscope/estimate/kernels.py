@@ -7,8 +7,9 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
 * **Scaled-dot-product attention** (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``):
   :func:`choose_sdpa_backend` answers ``aten::_fused_sdp_choice`` as the profiled GPU would
   (cuDNN first on sm90/sm100, then FlashAttention-2 for fp16/bf16 on sm80+ without a mask,
-  then memory-efficient attention for sm50+, else math). The fused op then runs with its real
-  autograd formula, so what is saved for backward is exact: the output and a float32
+  then memory-efficient attention for sm50+, else math; every fused kernel needs query, key,
+  value and the mask at stride 1 along their last dimension). The fused op then runs with its
+  real autograd formula, so what is saved for backward is exact: the output and a float32
   logsumexp of (B, H, L) (FlashAttention, cuDNN) or (B, H, ⌈L/32⌉·32) (memory-efficient),
   instead of the (B, H, L, L) attention matrix the math path materializes on a CPU.
 * **Attention backward buffers**: FlashAttention-2 allocates ``softmax_d`` (B, H, L₁₂₈) and a
@@ -65,6 +66,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -118,6 +120,16 @@ def sdpa_backend(
     heads_q, heads_k = (query.shape[1], key.shape[1]) if dims_ok else (1, 1)
     nonzero = lq > 0 and lk > 0
     needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
+    # check_last_dim_stride_equals_1_dense: every fused CUDA kernel reads query, key, value
+    # and the mask with a unit stride along the last dimension (a CPU takes any mask). A mask
+    # that is a transposed view, such as a relative position bias permuted from (L, S, H) to
+    # (1, H, L, S) as T5 builds it, sends the call to the math path, which materializes the
+    # (B, H, L, S) scores. FlashAttention and cuDNN let a query whose head dimension is 1
+    # pass (ignore_singleton_dim); memory-efficient attention does not.
+    qkv_unit = all(t.stride(-1) == 1 for t in (query, key, value))
+    mask_unit = attn_mask is None or attn_mask.dim() == 0 or attn_mask.stride(-1) == 1
+    dense_ok = qkv_unit and mask_unit
+    dense_ok_singleton = (qkv_unit or d_qk == 1) and mask_unit
 
     def cudnn_ok() -> bool:
         return (
@@ -131,10 +143,13 @@ def sdpa_backend(
             and d_qk <= 128
             and heads_q == heads_k
             and not (is_causal and attn_mask is not None)
+            and dense_ok_singleton
         )
 
     def flash_ok() -> bool:
         if not (_enabled("flash") and dims_ok and nonzero and profile.flash_attention):
+            return False
+        if not dense_ok_singleton:
             return False
         if dtype not in HALF or attn_mask is not None or d_qk != d_v or d_qk > 256:
             return False
@@ -146,6 +161,8 @@ def sdpa_backend(
 
     def efficient_ok() -> bool:
         if not (_enabled("mem_efficient") and nonzero and profile.efficient_attention):
+            return False
+        if not dense_ok:
             return False
         if query.dim() not in (3, 4):
             return False
@@ -206,6 +223,8 @@ class AttentionKernels(TorchFunctionMode):
         super().__init__()
         self.profile = profile
         self.recorder = recorder
+        # per thread: a call the patched function already chose the math path for
+        self._chosen = threading.local()
 
     def __enter__(self) -> AttentionKernels:
         # Torch-function modes do not follow autograd to its device thread, where activation
@@ -217,7 +236,14 @@ class AttentionKernels(TorchFunctionMode):
 
         def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
             result = self._sdpa(*args, **kwargs)
-            return original(*args, **kwargs) if result is NotImplemented else result
+            if result is not NotImplemented:
+                return result
+            # the math path: the mode below sees this call again; the choice is made
+            self._chosen.active = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._chosen.active = False
 
         F.scaled_dot_product_attention = scaled_dot_product_attention
         return super().__enter__()
@@ -230,7 +256,9 @@ class AttentionKernels(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func is torch._C._nn.scaled_dot_product_attention:
+        if func is torch._C._nn.scaled_dot_product_attention and not getattr(
+            self._chosen, "active", False
+        ):
             result = self._sdpa(*args, **kwargs)
             if result is not NotImplemented:
                 return result
