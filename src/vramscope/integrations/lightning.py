@@ -53,10 +53,16 @@ class VramscopeCallback(Callback):
         html: bool = True,
         log_metrics: bool = True,
         print_report: bool = False,
+        module_steps: str | int = "auto",
     ) -> None:
         super().__init__()
         self.run = TrainingRun(
-            detail=detail, depth=depth, html=html, print_report=print_report, filename=filename
+            detail=detail,
+            depth=depth,
+            html=html,
+            print_report=print_report,
+            filename=filename,
+            module_steps=module_steps,
         )
         self.dirpath = dirpath
         self.log_metrics = log_metrics

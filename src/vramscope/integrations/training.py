@@ -32,10 +32,13 @@ class TrainingRun:
         html: bool = True,
         print_report: bool = False,
         filename: str = "vramscope",
+        module_steps: str | int = "auto",
     ) -> None:
-        Session(detail=detail, depth=depth)  # a bad option fails here, not mid-training
+        # a bad option fails here, not mid-training
+        Session(detail=detail, depth=depth, module_steps=module_steps)
         self.detail = detail
         self.depth = depth
+        self.module_steps = module_steps
         self.html = html
         self.print_report = print_report
         self.filename = filename
@@ -69,6 +72,7 @@ class TrainingRun:
             workload=workload,
             detail=self.detail,
             depth=self.depth,
+            module_steps=self.module_steps,
             manual_steps=True,
             manual_epochs=True,  # epochs come from the trainer's hooks only
         )

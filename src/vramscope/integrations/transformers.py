@@ -41,9 +41,15 @@ class VramscopeCallback(TrainerCallback):
         html: bool = True,
         log_metrics: bool = True,
         print_report: bool = False,
+        module_steps: str | int = "auto",
     ) -> None:
         self.run = TrainingRun(
-            detail=detail, depth=depth, html=html, print_report=print_report, filename=filename
+            detail=detail,
+            depth=depth,
+            html=html,
+            print_report=print_report,
+            filename=filename,
+            module_steps=module_steps,
         )
         self.output_dir = output_dir
         self.log_metrics = log_metrics
