@@ -167,3 +167,15 @@ def test_bad_module_steps_is_one_line_and_exit_2():
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "module steps must be auto, all or a number" in lines[0]
+
+
+def test_a_slow_first_marked_step_does_not_stretch_the_interval():
+    """Step 1 recompiles (20x its usual time): the markers' cost is read from the quickest
+    steps, so the spacing is what the markers cost, not the recompilation."""
+    times = {1: 0.2}  # marked, slowed by something else
+    clock = StepClock(0.01, 0.0105)  # markers add 5%
+    schedule = MarkerSchedule("auto", clock=clock)
+    for i in range(40):
+        marked = schedule.begin(i)
+        clock.now += times.get(i, clock.marked_s if marked else clock.plain_s)
+    assert schedule.interval == 3  # ceil(5% / 2%)

@@ -20,7 +20,6 @@ tables describe the highest point among them.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import deque
 
@@ -109,11 +108,13 @@ class MarkerSchedule:
     def _update_interval(self) -> None:
         if self.policy != "auto" or not self._marked_s or not self._plain_s:
             return
-        plain = statistics.median(self._plain_s)
+        # the quickest of the last few of each: a step slowed by something else (a
+        # recompilation, cuDNN's first choice, an evaluation) says nothing about the markers
+        plain = min(self._plain_s)
         if plain <= 0:
             return
-        added = statistics.median(self._marked_s) / plain - 1
-        self.interval = max(1, min(MAX_INTERVAL, math.ceil(added / COST_SHARE)))
+        added = min(self._marked_s) / plain - 1
+        self.interval = max(1, min(MAX_INTERVAL, math.ceil(added / COST_SHARE - 1e-9)))
 
     def summary(self) -> dict[str, object]:
         """What the report says about the schedule."""
