@@ -165,6 +165,60 @@ def test_closure_step_whose_state_moves_away_before_tracking_stops():
     within(measured(session.report()), want)
 
 
+class CountingCensus:
+    """Counts the session's counts of the objects' bytes (the real function, called through)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from vramscope.tracking import categories
+
+        self.calls = 0
+        real = categories.full_gradient_bytes
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(categories, "full_gradient_bytes", counted)
+
+
+def test_an_optimizer_without_state_is_not_counted_every_step(monkeypatch):
+    """Plain SGD never has state: counting every parameter after each of its steps cost a
+    tiny CPU model 40% of its step. The first 8 steps are counted, then the 16th, 32nd, ..."""
+    census = CountingCensus(monkeypatch)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with vramscope.track() as session:
+        train(model, [opt], steps=100)
+        during = census.calls
+    assert during <= 1 + 8 + 3  # the model found, 8 steps, then steps 16, 32 and 64
+    within(measured(session.report()), expected([model], [opt]))
+
+
+class SkipsFirstSteps(torch.optim.SGD):
+    """An optimizer whose first steps are skipped (as GradScaler skips a step on inf)."""
+
+    def __init__(self, params, skip: int) -> None:
+        super().__init__(params, lr=0.1, momentum=0.9)
+        self.skip = skip
+
+    def step(self, closure=None):  # type: ignore[override]
+        if self.skip:
+            self.skip -= 1
+            return None
+        return super().step(closure)
+
+
+def test_state_made_after_skipped_steps_is_counted_while_it_lives():
+    model = mlp()
+    opt = SkipsFirstSteps(model.parameters(), skip=11)
+    with vramscope.track() as session:
+        train(model, [opt], steps=20)  # state from step 12; counted at the 16th
+        want = expected([model], [opt])
+        opt.state.clear()  # gone before tracking ends: the count at step 16 keeps it
+    assert want["optimizer_state"] > 0
+    within(measured(session.report()), want)
+
+
 def test_objects_gone_before_tracking_stops_keep_their_bytes():
     model = nn.DataParallel(mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -35,6 +35,7 @@ from vramscope.tracking.sampler import Sample, Sampler
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_PHASE_BANDS = 10_000  # timeline bands and markers kept (the first ones)
 NVML_PROCESS_INTERVAL_S = 1.0
+CENSUS_EVERY_STEP = 8  # optimizer steps counted one by one while a new optimizer has no state
 
 
 # at a phase boundary: (allocated now, peak allocated and peak reserved since the last
@@ -132,6 +133,7 @@ class Session:
         self._full_gradients_seen = 0
         self._optimizer_state: dict[int, int] = {}  # id(optimizer) -> its state's bytes
         self._census_due = False  # an optimizer whose state is not yet counted
+        self._census_tries = 0  # optimizer steps that ended while it was due
         # called with (models, device type) each time the objects' bytes are counted, to
         # read more from the models while they live (DDP's gradient buckets, FSDP groups)
         self.object_probes: list[Callable[[list[torch.nn.Module], str], None]] = []
@@ -257,7 +259,7 @@ class Session:
                     self._count_objects()
             elif isinstance(obj, torch.optim.Optimizer):
                 self._optimizers.add(obj)
-                self._census_due = True
+                self._census_due, self._census_tries = True, 0
 
     def window(self) -> dict[str, int | None]:
         """The peaks since the previous ``window()`` (or the start), for metrics logged per
@@ -651,7 +653,7 @@ class Session:
             return
         if optimizer not in self._optimizers:
             self._optimizers.add(optimizer)
-            self._census_due = True
+            self._census_due, self._census_tries = True, 0
         self._transition("optimizer")
 
     def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None:
@@ -659,9 +661,15 @@ class Session:
             self._step.saw_optimizer = True
         if self._census_due and self._running:
             # a new optimizer's state exists once its first step has ended (not when the
-            # optimizer phase closes: a closure's forward and backward run inside the step)
-            self._census_due = not optimizer.state
-            self._count_objects()
+            # optimizer phase closes: a closure's forward and backward run inside the step).
+            # Still none: a step skipped (GradScaler's inf checks) or an optimizer without
+            # state (SGD without momentum), which would pay a count of every parameter per
+            # step; the first steps are counted, then the 16th, 32nd, ... (and the end)
+            self._census_tries += 1
+            tries = self._census_tries
+            if tries <= CENSUS_EVERY_STEP or tries & (tries - 1) == 0:
+                self._census_due = not optimizer.state
+                self._count_objects()
 
     def on_zero_grad(self) -> None:
         if not self._running:
