@@ -524,7 +524,8 @@ class Recorder:
     def on_step(self, index: int) -> None:
         if not self.active:
             return
-        self._node_handles = [h for h in self._node_handles[-4096:]]
+        if len(self._node_handles) > 4096:  # hooks of graphs long gone: keep the newest
+            del self._node_handles[:-4096]
         self._step_starts.append(len(self.log))
         marking = self.schedule.begin(index)
         if marking != self.marking:
