@@ -3,6 +3,8 @@ says about the others (real CPU runs; the schedule's arithmetic with a given clo
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -14,6 +16,7 @@ from vramscope.errors import VramscopeError
 from vramscope.tracking import hooks
 from vramscope.tracking.events import ENTER, STEP
 from vramscope.tracking.marking import (
+    CALIBRATION,
     FIRST_STEPS,
     MAX_INTERVAL,
     PROBE_EVERY,
@@ -54,8 +57,9 @@ def test_auto_marks_every_step_when_markers_are_cheap_and_probes_now_and_then():
     marked = run_schedule("auto", 200, plain_s=0.100, marked_s=0.101)  # markers add 1%
     unmarked = sorted(set(range(200)) - set(marked))
     assert marked[:FIRST_STEPS] == [0, 1, 2]
-    assert unmarked[0] == FIRST_STEPS  # one step of the run's own, timed
-    assert len(unmarked) <= 2 + 200 // PROBE_EVERY
+    # steps of the run's own timed against marked ones, alternately, then a probe now and then
+    assert unmarked[:CALIBRATION] == [3, 5, 7, 9]
+    assert len(unmarked) <= CALIBRATION + 200 // PROBE_EVERY
 
 
 def test_auto_spaces_marked_steps_by_what_the_markers_cost():
@@ -64,10 +68,8 @@ def test_auto_spaces_marked_steps_by_what_the_markers_cost():
     for i in range(100):
         clock.now += clock.marked_s if schedule.begin(i) else clock.plain_s
     assert schedule.interval == 10
-    gaps = {
-        b - a for a, b in zip(schedule.marked_steps[3:], schedule.marked_steps[4:], strict=False)
-    }
-    assert gaps == {10}
+    settled = [i for i in schedule.marked_steps if i > FIRST_STEPS + 2 * CALIBRATION]
+    assert {b - a for a, b in itertools.pairwise(settled)} == {10}
     # markers that double the step: capped
     assert MarkerSchedule("auto").interval == 1
     capped = MarkerSchedule("auto", clock=(clock := StepClock(0.001, 0.2)))

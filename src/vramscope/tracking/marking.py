@@ -8,9 +8,10 @@ the same allocations, so the per-module tables need a few of them, not all:
 
 - ``"all"``: every step is marked (as before; also what ``--detail lines`` and snapshots use);
 - an integer N: the first steps, then every N-th;
-- ``"auto"`` (the default): the first steps, then one step without markers to time the
-  run's own step, then every step while markers add at most ``COST_SHARE`` of it, else
-  every N-th step with N chosen so that they add that much on average.
+- ``"auto"`` (the default): the first steps, then steps without and with markers
+  alternately until ``CALIBRATION`` of each are timed, then every step while markers add at
+  most ``COST_SHARE`` to the quickest step without them, else every N-th step with N chosen
+  so that they add that much on average.
 
 Steps without markers are still in the allocator's trace and in every phase peak (those
 never depend on markers); the report says which steps carry module markers, and the module
@@ -28,7 +29,8 @@ from vramscope.errors import VramscopeError
 FIRST_STEPS = 3  # always marked: the first step differs (optimizer state, warm-up)
 COST_SHARE = 0.02  # "auto": what markers may add to the run's step time, on average
 MAX_INTERVAL = 50
-PROBE_EVERY = 64  # "auto" with every step marked: a step without markers this often
+CALIBRATION = 4  # "auto": steps timed with and without markers before the spacing is trusted
+PROBE_EVERY = 16  # "auto" with every step marked: a step without markers this often
 POLICIES = ("auto", "all")
 
 
@@ -95,8 +97,10 @@ class MarkerSchedule:
         if self.policy == "all" or self._count < FIRST_STEPS:
             return True
         if self.policy == "auto":
-            if not self._plain_s:
-                return False  # time one step of the run's own
+            if len(self._plain_s) < CALIBRATION or len(self._marked_s) < CALIBRATION:
+                # time steps of the run's own against steps with markers, alternately, so
+                # that one step slowed by something else cannot decide the spacing
+                return not self._open[1] if self._open is not None else False
             self._since_probe += 1
             if self.interval == 1:
                 if self._since_probe >= PROBE_EVERY:  # keep that time current
