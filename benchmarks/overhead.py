@@ -13,6 +13,7 @@ fixed cost per step or per module call shows most.
 Also prints the cost of one allocator read, vramscope's way and torch.cuda's.
 
 Usage: python benchmarks/overhead.py [--quick] [--out results.json] [--only NAME ...]
+       python benchmarks/overhead.py --merge long.json short.json --out results.json
        [--methods default modules lines memtracker profiler naive-hooks]
 
 ``--methods`` compares, for the same workloads in the same process, vramscope's default,
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import vramscope
 from vramscope.sources import allocator, nvml
-from vramscope.tracking.marking import FIRST_STEPS
+from vramscope.tracking.marking import SETTLED
 from vramscope.workload import StepRunner, Workload
 from vramscope.zoo import hf_builder, torchvision_builder
 
@@ -302,8 +303,9 @@ def bench_methods(
         runner()
     rounds, planned = block_plan(runner, rounds)
     steps = max(steps, planned)
-    # steps a block runs before it keeps any: every method the same, so blocks are alike
-    warmup = FIRST_STEPS + 1 if "modules" in methods else 1
+    # steps a block runs before it keeps any: every method the same, so blocks are alike;
+    # with --detail modules, a session's first steps and its calibration (marking.py)
+    warmup = SETTLED if "modules" in methods else 1
     times: dict[str, list[float]] = {"base": []}
     blocks: dict[str, list[float | None]] = {m: [] for m in ["base", *methods]}
     errors: dict[str, str] = {}
@@ -424,6 +426,20 @@ def print_targets(method: str, values: dict[str, float]) -> None:
     print(f"  target {TARGETS[method]}: {'met' if met else 'NOT met'}")
 
 
+def merge(paths: list[str], out: str | None) -> None:
+    """One table and one results file from several runs of --methods."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    by_name = {r["workload"]: r for d in docs for r in d["results"]}
+    results = [by_name[name] for name in WORKLOADS if name in by_name]
+    methods = list(next((r["methods"] for r in results if "methods" in r), {}))
+    meta = dict(docs[0]["meta"])
+    meta["dates"] = sorted({d["meta"]["date"] for d in docs})
+    print_methods(results, methods, meta)
+    if out:
+        doc = {"meta": meta, "read_cost_us": docs[0]["read_cost_us"], "results": results}
+        Path(out).write_text(json.dumps(doc, indent=1))
+
+
 def read_costs(n: int = 2000) -> dict:
     index = torch.cuda.current_device()
     costs = {}
@@ -447,12 +463,22 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", nargs="*")
     parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="no measuring: join the --methods results of several runs (say, the long and "
+        "the short workloads, each run alone) into one table and --out",
+    )
+    parser.add_argument(
         "--methods",
         nargs="+",
         choices=METHODS,
         help="compare these ways of seeing memory (default: vramscope's default only)",
     )
     args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     if not torch.cuda.is_available():
         sys.exit("overhead.py needs a CUDA device")
     rounds, steps = (4, 5) if args.quick else (8, 6)

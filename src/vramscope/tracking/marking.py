@@ -31,6 +31,7 @@ COST_SHARE = 0.02  # "auto": what markers may add to the run's step time, on ave
 MAX_INTERVAL = 50
 CALIBRATION = 4  # "auto": steps timed with and without markers before the spacing is trusted
 PROBE_EVERY = 16  # "auto" with every step marked: a step without markers this often
+SETTLED = FIRST_STEPS + 2 * CALIBRATION - 1  # "auto": the first step on the settled spacing
 POLICIES = ("auto", "all")
 
 
