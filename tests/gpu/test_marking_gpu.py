@@ -53,7 +53,7 @@ def test_short_steps_are_marked_on_a_sample_and_peaks_stay_exact():
     marked = expand(schedule["marked_steps"])
     assert schedule["policy"] == "auto" and schedule["steps"] == 60
     assert set(range(FIRST_STEPS)) <= marked
-    assert schedule["interval"] > 1 and schedule["unmarked_steps"] > 30, schedule
+    assert schedule["interval"] > 1 and schedule["unmarked_steps"] > 20, schedule
     assert steps_with_markers(session) == marked
     assert report.peak.allocated_bytes == expected  # phase peaks never depend on markers
     assert report.categories_at_peak.total() == pytest.approx(expected, rel=0.01)
