@@ -186,49 +186,6 @@ def block_plan(runner: StepRunner, rounds: int) -> tuple[int, int]:
     return rounds, max(6, min(60, round(0.3 / t)))
 
 
-def bench_workload(name: str, builder: Callable, batch: int, rounds: int, steps: int) -> dict:
-    device = torch.device("cuda")
-    w = builder(batch, device)
-    runner = StepRunner(w, device)
-    for _ in range(3):
-        runner()
-    rounds, planned = block_plan(runner, rounds)
-    steps = max(steps, planned)
-    base: list[float] = []
-    tracked: list[float] = []
-    base_blocks: list[float] = []
-    tracked_blocks: list[float] = []
-    for r in range(rounds):
-        order = ("base", "tracked") if r % 2 == 0 else ("tracked", "base")
-        for mode in order:
-            if mode == "base":
-                values = timed_steps(runner, steps)
-                base += values
-                base_blocks.append(statistics.median(values))
-            else:
-                with vramscope.track(name=name):
-                    values = timed_steps(runner, steps)
-                tracked += values
-                tracked_blocks.append(statistics.median(values))
-    b, t = statistics.median(base), statistics.median(tracked)
-    paired = paired_pct(tracked_blocks, base_blocks)
-    result = {
-        "workload": name,
-        "batch_size": batch,
-        "step_ms_baseline": round(b * 1000, 3),
-        "step_ms_tracked": round(t * 1000, 3),
-        "overhead_pct": paired,
-        "cost_us_per_step": round(b * paired * 1e4, 1),
-        "pooled_overhead_pct": round(100 * (t - b) / b, 2),
-        "baseline_spread_pct": spread_pct(base, b),
-        "rounds": rounds,
-        "steps_per_block": steps,
-    }
-    del runner, w
-    torch.cuda.empty_cache()  # between workloads only; never inside a measured block
-    return result
-
-
 # ---- --methods: the ways to see memory, side by side ----------------------------------------
 
 METHODS = ("default", "modules", "lines", "memtracker", "profiler", "naive-hooks")
@@ -364,6 +321,7 @@ def bench_methods(
         result["step_ms_tracked"] = default["step_ms"]
         result["overhead_pct"] = default["overhead_pct"]
         result["cost_us_per_step"] = default["cost_us_per_step"]
+        result["pooled_overhead_pct"] = default["pooled_overhead_pct"]
     del runner, w
     torch.cuda.empty_cache()
     return result
@@ -492,7 +450,8 @@ def main() -> None:
             if args.methods:
                 results.append(bench_methods(name, builder, batch, args.methods, rounds, steps))
             else:
-                results.append(bench_workload(name, builder, batch, rounds, steps))
+                # the default detail alone: the same interleaving, two kinds of block
+                results.append(bench_methods(name, builder, batch, ["default"], rounds, steps))
         except Exception as exc:  # report and go on with the next workload
             results.append({"workload": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         print(json.dumps(results[-1]), flush=True)
