@@ -241,12 +241,21 @@ def process_group(tmp_path):
     dist.destroy_process_group()
 
 
-def test_distributed_data_parallel(process_group):
-    model = nn.parallel.DistributedDataParallel(mlp())
+def train_tracked(model: nn.Module) -> tuple[Report, dict[str, int]]:
+    """Three AdamW steps of a wrapped ``mlp()`` under tracking: the report, and the bytes
+    its objects hold by the end."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with vramscope.track() as session:
         train(model, [opt])
-    within(measured(session.report()), expected([model], [opt]))
+    return session.report(), expected([model], [opt])
+
+
+MLP_BYTES = sum(p.numel() for p in mlp().parameters()) * 4
+
+
+def test_distributed_data_parallel(process_group):
+    report, want = train_tracked(nn.parallel.DistributedDataParallel(mlp()))
+    within(measured(report), want)
 
 
 def test_fsdp2_fully_shard_counts_the_local_shards(process_group):
@@ -256,12 +265,9 @@ def test_fsdp2_fully_shard_counts_the_local_shards(process_group):
         if isinstance(layer, nn.Linear):
             fully_shard(layer)
     fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with vramscope.track() as session:
-        train(model, [opt])
-    want = expected([model], [opt])
-    assert want["parameters"] == sum(p.numel() for p in mlp().parameters()) * 4
-    within(measured(session.report()), want)
+    report, want = train_tracked(model)
+    assert want["parameters"] == MLP_BYTES
+    within(measured(report), want)
 
 
 @pytest.mark.parametrize("use_orig_params", [False, True], ids=["flat", "orig-params"])
@@ -271,12 +277,9 @@ def test_fsdp1_counts_the_flat_parameter_once(process_group, use_orig_params):
     model = FullyShardedDataParallel(
         mlp(), device_id=torch.device("cpu"), use_orig_params=use_orig_params
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with vramscope.track() as session:
-        train(model, [opt])
-    want = expected([model], [opt])
-    assert want["parameters"] == sum(p.numel() for p in mlp().parameters()) * 4
-    within(measured(session.report()), want)
+    report, want = train_tracked(model)
+    assert want["parameters"] == MLP_BYTES
+    within(measured(report), want)
 
 
 def test_accelerate_prepared_model_and_optimizer():

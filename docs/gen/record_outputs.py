@@ -59,6 +59,8 @@ class Recording:
     before: tuple[tuple[str, ...], ...] = ()  # commands run (and shown) first
 
 
+GPT_ON_H100 = ("example:gpt", "--gpu", "h100-80gb")  # the estimates the pages show
+
 RECORDINGS = (
     Recording("demo", ("demo",)),
     Recording("help", ("--help",)),
@@ -82,15 +84,13 @@ RECORDINGS = (
         ("run", "--detail", "modules", "tests/scripts/train_loop.py", "--epochs", "1"),
     ),
     Recording("measure", ("measure", "example:gpt", "-b", "4", "--steps", "3")),
-    Recording("estimate", ("estimate", "example:gpt", "--gpu", "h100-80gb", "-b", "16")),
+    Recording("estimate", ("estimate", *GPT_ON_H100, "-b", "16")),
     Recording("estimate-list-gpus", ("estimate", "--list-gpus")),
     Recording(
         "estimate-ranks",
         (
             "estimate",
-            "example:gpt",
-            "--gpu",
-            "h100-80gb",
+            *GPT_ON_H100,
             "-b",
             "16",
             "--world-size",
@@ -130,28 +130,8 @@ RECORDINGS = (
         "report-diff",
         ("report", "b16.json", "--diff", "b32.json"),
         before=(
-            (
-                "estimate",
-                "example:gpt",
-                "--gpu",
-                "h100-80gb",
-                "-b",
-                "16",
-                "-q",
-                "--json",
-                "b16.json",
-            ),
-            (
-                "estimate",
-                "example:gpt",
-                "--gpu",
-                "h100-80gb",
-                "-b",
-                "32",
-                "-q",
-                "--json",
-                "b32.json",
-            ),
+            ("estimate", *GPT_ON_H100, "-b", "16", "-q", "--json", "b16.json"),
+            ("estimate", *GPT_ON_H100, "-b", "32", "-q", "--json", "b32.json"),
         ),
     ),
     Recording("info", ("info",)),
