@@ -6,8 +6,14 @@ from __future__ import annotations
 class VramscopeError(Exception):
     """A problem the user can fix (bad input, missing file, unknown name).
 
-    The message is one sentence that says what is wrong and what to do.
+    The message is one sentence that says what is wrong and what to do; text it quotes from
+    the user (a spec, a path) keeps it on one line: line breaks show as ``\\n``.
     """
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        if isinstance(message, str):
+            message = message.replace("\r", "\\r").replace("\n", "\\n")
+        super().__init__(message, *args)
 
 
 class WorkloadError(VramscopeError):

@@ -304,7 +304,9 @@ class Report:
                 f"report schema {schema[:40]} is not readable by this vramscope "
                 f"(reads {SCHEMA}.x); upgrade vramscope"
             )
-        return _build(cls, data, "")
+        report = _build(cls, data, "")
+        _check_device(report.device)
+        return report
 
     def _repr_html_(self) -> str:
         """Jupyter shows a report as a short table; ``vramscope.report.html`` is the full page."""
@@ -355,6 +357,24 @@ def _wrong(where: str, expected: str, value: Any) -> VramscopeError:
     return VramscopeError(
         f"not a vramscope report: {where or 'the top'} should be {expected}, not {shown}"
     )
+
+
+# the device's typed keys (the schema's ``device``): a free-form dict, checked here
+_DEVICE_TEXT = ("name", "type", "capability", "torch_version", "python_version")
+_DEVICE_TEXT += ("cuda_version", "driver_version")
+
+
+def _check_device(device: dict[str, Any]) -> None:
+    for key in _DEVICE_TEXT:
+        value = device.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _wrong(f"device.{key}", "text", value)
+    for key in ("total_bytes", "index"):
+        value = device.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise _wrong(f"device.{key}", "a whole number of 0 or more", value)
 
 
 def _build(cls: type, data: Any, where: str) -> Any:

@@ -43,7 +43,7 @@ def _header(report: Report) -> Text:
     for key in ("batch_size", "precision", "accumulate"):
         if w.get(key) is not None:
             bits.append(f"{key.replace('_', ' ')} {w[key]}")
-    device = str(d.get("name") or "?")
+    device = d.get("name") or "?"
     if d.get("total_bytes"):
         device += f" ({b(d['total_bytes'])})"
     text = Text()
