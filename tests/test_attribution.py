@@ -15,7 +15,12 @@ from torch.utils.checkpoint import checkpoint
 
 import vramscope
 from vramscope.report.modules import CATEGORIES, analyze
-from vramscope.tracking.events import EventLog, merge_allocator_trace, trim_records
+from vramscope.tracking.events import (
+    EventLog,
+    merge_allocator_trace,
+    merge_trace_windows,
+    trim_records,
+)
 from vramscope.workload import StepRunner
 
 DATA = Path(__file__).parent / "data"
@@ -531,6 +536,86 @@ def test_metadata_left_on_the_autograd_thread_by_an_earlier_session_is_ignored()
         rows = {m["name"]: m for m in analyze(again, depth=2)["modules"]}
         assert rows == expected
         assert all(rows[f"blocks.{i}"]["activations_bytes"] > 0 for i in range(4))
+
+
+def _totals_at_markers(records: list[list], baseline: list[list]) -> list[int]:
+    """Bytes allocated at each marker, in marker order."""
+    sizes = {b[0]: b[2] for b in baseline}
+    total = sum(sizes.values())
+    out = []
+    for record in records:
+        if record[0] == "a":
+            sizes[record[1]] = record[3]
+            total += record[3]
+        elif record[0] == "f":
+            total -= sizes.pop(record[1], 0)
+        else:
+            out.append(total)
+    return out
+
+
+@pytest.mark.skipif(not PLAIN_LOG.exists(), reason="recorded by tests/gpu/test_attribution_gpu.py")
+def test_trace_recorded_in_windows_joins_into_the_marked_steps_exactly():
+    # the H200 run's trace, as the recorder keeps it when step 1 has no markers: one window
+    # up to step 1, nothing in step 1, one window from step 2 to the end
+    log = EventLog.load(PLAIN_LOG)
+    token = "vramscope:1.2.3:"
+    trace, _, markers = _raw_trace(log, token)
+    steps = [i for i, m in enumerate(markers) if m[0] == "s"]
+    gap_start, gap_end = steps[1], steps[-1]  # markers [gap_start, gap_end) are step 1's
+
+    def count(entry: dict) -> int:
+        return int(entry["user_metadata"][len(token) :])
+
+    def live_after(n_markers: int) -> list[dict]:
+        """The blocks allocated when marker ``n_markers`` was about to be placed."""
+        live, seen = {b[0]: (b[1], b[2]) for b in log.baseline}, 0
+        for record in log.records:
+            if record[0] not in "af":
+                if seen == n_markers:
+                    break
+                seen += 1
+            elif record[0] == "a":
+                live[record[1]] = (record[2], record[3])
+            else:
+                live.pop(record[1], None)
+        return [{"address": addr, "size": size} for addr, size in live.values()]
+
+    windows = [
+        {
+            "first": 0,
+            "last": gap_start,
+            "trace": [e for e in trace if count(e) <= gap_start],
+            "active": live_after(gap_start),
+            "segments": log.meta["segments"],
+        },
+        {
+            "first": gap_end,
+            "last": None,
+            "trace": [e for e in trace if count(e) > gap_end],
+            "active": live_after(len(markers)),
+            "segments": log.meta["segments"],
+        },
+    ]
+    records, baseline, _, info = merge_trace_windows(windows, markers, metadata_prefix=token)
+    assert info["windows"] == 2 and info["bridged"] > 0 and info["foreign_metadata"] == 0
+    assert [r for r in records if r[0] not in "af"] == markers  # every marker, in order
+    gap = records[records.index(markers[gap_start]) : records.index(markers[gap_end])]
+    last_marker = max(i for i, r in enumerate(gap) if r[0] not in "af")
+    assert all(r[0] not in "af" for r in gap[:last_marker])  # nothing recorded in step 1,
+    bridge = gap[last_marker + 1 :]  # then what changed in it, where step 2's window begins
+    assert bridge and all(r[0] == "f" or r[4] == -1 for r in bridge)
+    full = _totals_at_markers(log.records, log.baseline)
+    joined = _totals_at_markers(records, baseline)
+    recorded = [*range(gap_start + 1), *range(gap_end, len(markers))]
+    assert [joined[i] for i in recorded] == [full[i] for i in recorded]
+    # the analysis of the joined log: the blocks of step 2 hold their activations
+    again = EventLog(source=log.source, device=log.device, modules=log.modules)
+    again.records, again.baseline, again.censuses = records, baseline, log.censuses
+    again.meta = {**log.meta, "trace": info}
+    analysis = analyze(again, depth=2)
+    assert analysis["peak"]["allocated_bytes"] == analyze(log, depth=2)["peak"]["allocated_bytes"]
+    assert all(m["activations_bytes"] > 0 for m in _blocks(analysis))
 
 
 def test_block_sizes_follow_the_caching_allocator():

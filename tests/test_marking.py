@@ -181,3 +181,23 @@ def test_a_slow_first_marked_step_does_not_stretch_the_interval():
         marked = schedule.begin(i)
         clock.now += times.get(i, clock.marked_s if marked else clock.plain_s)
     assert schedule.interval == 3  # ceil(5% / 2%)
+
+
+def test_work_charged_to_the_marked_step_before_widens_the_spacing():
+    # closing a marked step's window of the allocator's trace happens at the start of the
+    # next step: its time belongs to the marked step, not to the step without markers
+    def spacing(charge_s: float) -> int:
+        clock = StepClock(0.010, 0.0105)  # markers add 5%: one step in 3
+        schedule = MarkerSchedule("auto", clock=clock)
+        previous = False
+        for i in range(40):
+            marked = schedule.begin(i)
+            if previous and not marked:
+                clock.now += charge_s  # the work itself, done now
+                schedule.charge(charge_s)
+            previous = marked
+            clock.now += clock.marked_s if marked else clock.plain_s
+        return schedule.interval
+
+    assert spacing(0.0) == 3
+    assert spacing(0.001) == 8  # 15% a marked step: one in 8 keeps them near 2%

@@ -75,3 +75,20 @@ def test_a_peak_in_a_step_without_markers_is_said_on_cuda():
     notes = " ".join(report.extra["attribution_notes"])
     assert "the run's peak was in step 4, which has no module markers" in notes
     assert {m["name"] for m in report.modules} >= {"blocks.0", "lm_head"}
+
+
+def test_the_trace_in_windows_gives_the_tables_of_a_fully_traced_run():
+    # the same steps, traced in every step or only in the marked ones (module_steps=4:
+    # steps 0-2 and 6): the module tables describe the same highest point, byte for byte
+    runner = runner_for(4)
+    tables = {}
+    for policy in ("all", 4):
+        torch.manual_seed(1)
+        session, expected = tracked_steps(runner, 8, module_steps=policy)
+        report = session.report()
+        assert report.peak.allocated_bytes == expected
+        trace = session._attribution.event_log().meta["trace"]
+        assert trace.get("windows", 1) == (1 if policy == "all" else 3), trace
+        keys = ("activations_bytes", "parameters_bytes", "forward_peak_allocated_bytes")
+        tables[policy] = {m["name"]: [m.get(k) for k in keys] for m in report.modules}
+    assert tables[4] == tables["all"]

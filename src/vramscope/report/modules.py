@@ -137,6 +137,8 @@ def analyze(
         "peak": peak,
         "module_peak": module_peak,
         "module_steps": log.meta.get("module_steps"),
+        # the trace ran only in the steps with markers (windows joined): its peak is theirs
+        "trace_windows": (log.meta.get("trace") or {}).get("windows"),
         "categories": categories,
         "modules": _module_rows(replay, modules_table, names, main_root, depth, peak_blocks),
         "peak_tensors": _peak_tensors(replay, peak_blocks, categories, names, top),
@@ -495,10 +497,16 @@ def _marking_notes(
         if schedule.get("policy") == "auto"
         else f"--module-steps {schedule.get('policy')}"
     )
+    windowed = (log.meta.get("trace") or {}).get("windows") is not None
+    covered = (
+        "phase peaks cover every step; the allocator's trace (module tables, peak tensors and "
+        "the categories' split) runs in the marked steps only"
+        if windowed
+        else "phase peaks and categories cover every step"
+    )
     notes = [
         f"module markers were placed in {count} of {schedule.get('steps')} steps "
-        f"({describe(marked)}): {why}; phase peaks and categories cover every step "
-        "(--module-steps all marks every step)"
+        f"({describe(marked)}): {why}; {covered} (--module-steps all marks every step)"
     ]
     if module_peak is not None:
         gap = peak["allocated_bytes"] - module_peak["allocated_bytes"]
@@ -943,6 +951,20 @@ def apply_to_report(report: Any, analysis: dict[str, Any], detail: str) -> None:
             "optimizer state by object; activations (made in a forward, alive when its backward "
             "began), temporaries and other by lifetime"
         )
+    elif run_peak and peak and analysis.get("trace_windows") is not None:
+        # the trace ran in the marked steps only: the run's peak was in another step
+        step = report.peak.step if report.peak.step is not None else _peak_step(report)
+        marked = analysis["peak"]
+        attribution = report.extra["attribution"]
+        attribution["module_peak"] = {k: marked[k] for k in ("allocated_bytes", "step", "phase")}
+        attribution.update(peak_bytes=run_peak, peak_step=step, peak_phase=report.peak.phase)
+        notes.append(
+            f"the run's peak was in step {step if step is not None else '?'}, which has no "
+            f"module markers; the module tables and peak tensors describe the highest point "
+            f"of a marked step (step {marked['step']}, {marked['phase']}), "
+            f"{run_peak - peak} bytes below the run's peak; the categories above are the "
+            "default split (the allocator's trace runs in the marked steps only)"
+        )
     elif run_peak and peak:
         notes.append(
             f"the allocator trace peaks at {peak} bytes, the run at {run_peak}: the trace did "
@@ -950,3 +972,12 @@ def apply_to_report(report: Any, analysis: dict[str, Any], detail: str) -> None:
             "and peak tensors describe the highest point the trace holds"
         )
     report.extra["attribution_notes"] = notes
+
+
+def _peak_step(report: Any) -> int | None:
+    """The step whose peak is the run's (from the phase peaks, which cover every step)."""
+    target = report.peak.allocated_bytes
+    for step in report.steps:
+        if step.peak_allocated_bytes == target:
+            return step.index
+    return None

@@ -42,6 +42,7 @@ from vramscope.tracking.events import (
     STEP,
     EventLog,
     merge_allocator_trace,
+    merge_trace_windows,
     trim_records,
 )
 from vramscope.tracking.marking import MarkerSchedule
@@ -165,6 +166,7 @@ class Recorder:
         self._param_names: dict[int, tuple[int, str]] | None = None
         self._step_starts: list[int] = []
         self._dropped_steps = 0
+        self._dropped_windows = 0
         self._mode: _StorageTracker | None = None
         self._live: dict[int, int] = {}  # CPU: storage data_ptr -> block
         self._refs: dict[int, Any] = {}  # CPU: block -> weakref to its storage
@@ -172,6 +174,15 @@ class Recorder:
         self._frames: list[list[Any]] = []
         self._frame_index: dict[tuple[Any, ...], int] = {}
         self._cuda_on = False
+        # on CUDA, with markers on a schedule, the allocator's trace runs only in the steps
+        # with markers (its entries cost about half a microsecond per allocation and free,
+        # which is most of what a step without markers would otherwise pay): one window of
+        # trace per run of marked steps (see events.merge_trace_windows)
+        self._windowed = device_type == "cuda" and self.schedule.policy != "all"
+        self._history_on = False
+        self._window_first = 0  # global marker count when the open window began
+        self._windows: list[dict[str, Any]] = []
+        self._window_entries = 0
         self._set_meta: Callable[[str], None] | None = None
         # the allocator's user metadata is per thread and outlives the session (the autograd
         # thread keeps the last count its backward hooks set): a token tells ours apart
@@ -229,6 +240,7 @@ class Recorder:
             self._stop_tracer,
             self._remove_hooks,
             self._exit_mode,
+            self._resume_history,  # the final census sees the blocks of the end
             self._final_census,
             self._stop_cuda,
         ):
@@ -270,16 +282,7 @@ class Recorder:
             return
         if self.device_index is None:
             self.device_index = torch.cuda.current_device()
-        kwargs: dict[str, Any] = {
-            "enabled": "all",
-            "context": "alloc" if self.stacks else None,
-            "stacks": "python",
-            "max_entries": MAX_TRACE_ENTRIES,
-        }
-        try:
-            torch.cuda.memory._record_memory_history(**kwargs, clear_history=True)
-        except TypeError:  # older torch: no clear_history
-            torch.cuda.memory._record_memory_history(**kwargs)
+        self._start_history()
         self._cuda_on = True
         set_meta = getattr(torch._C, "_cuda_setMemoryMetadata", None)
         get_meta = getattr(torch._C, "_cuda_getMemoryMetadata", None)
@@ -306,7 +309,71 @@ class Recorder:
                 times.append(clock() / 1000)
 
             self._probe()
+            self._windowed = False  # markers placed by time need one unbroken trace
         self.mark = mark
+
+    def _start_history(self) -> None:
+        """Start the allocator's trace (a new window of it)."""
+        kwargs: dict[str, Any] = {
+            "enabled": "all",
+            "context": "alloc" if self.stacks else None,
+            "stacks": "python",
+            "max_entries": MAX_TRACE_ENTRIES,
+        }
+        try:
+            torch.cuda.memory._record_memory_history(**kwargs, clear_history=True)
+        except TypeError:  # older torch: no clear_history
+            torch.cuda.memory._record_memory_history(**kwargs)
+        self._history_on = True
+        self._window_first = self.base + len(self.log)
+
+    def _end_window(self, last: int | None) -> dict[str, Any]:
+        """Take the open window's trace and the blocks allocated now (one snapshot); returns
+        the snapshot. The trace keeps running: the caller stops it or not."""
+        snapshot = torch.cuda.memory._snapshot()
+        index = self.device_index or 0
+        traces = snapshot.get("device_traces") or []
+        trace = traces[index] if index < len(traces) else []
+        window = {
+            "first": self._window_first,
+            "last": last,
+            "trace": trace,
+            "active": [
+                {"address": b.get("address", 0), "size": b.get("size", 0)}
+                for seg in snapshot.get("segments", [])
+                if seg.get("device", index) == index
+                for b in seg.get("blocks", [])
+                if b.get("state") == "active_allocated"
+            ],
+            "segments": [
+                [int(seg.get("address", 0)), int(seg.get("total_size", 0))]
+                for seg in snapshot.get("segments", [])
+                if seg.get("device", index) == index
+            ],
+        }
+        self._windows.append(window)
+        self._window_entries += len(trace)
+        while self._window_entries > MAX_TRACE_ENTRIES and len(self._windows) > 1:
+            dropped = self._windows.pop(0)  # the oldest go: the newest steps are kept
+            self._window_entries -= len(dropped["trace"])
+            self._dropped_windows += 1
+        return snapshot
+
+    def _pause_history(self) -> None:
+        """A step without markers begins: close the window (its cost is the marked steps')."""
+        if not (self._windowed and self._history_on and self._cuda_on):
+            return
+        started = time.perf_counter()
+        try:
+            self._end_window(self.base + len(self.log))
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self._history_on = False
+        self.schedule.charge(time.perf_counter() - started)
+
+    def _resume_history(self) -> None:
+        if self._windowed and self._cuda_on and not self._history_on:
+            self._start_history()
 
     def _probe(self) -> None:
         """A 512-byte allocation whose trace time ties the trace's clock to ours."""
@@ -324,9 +391,15 @@ class Recorder:
             if self._set_meta is None:
                 self._probe()
             torch.cuda.synchronize(self.device_index)
-            self._raw_snapshot = torch.cuda.memory._snapshot()
+            if self._windowed:
+                if not self._history_on:  # the end state: an empty last window
+                    self._start_history()
+                self._raw_snapshot = self._end_window(None)
+            else:
+                self._raw_snapshot = torch.cuda.memory._snapshot()
         finally:
             self._cuda_on = False
+            self._history_on = False
             torch.cuda.memory._record_memory_history(enabled=None)
             if self._set_meta is not None:
                 with contextlib.suppress(Exception):
@@ -530,6 +603,11 @@ class Recorder:
         marking = self.schedule.begin(index)
         if marking != self.marking:
             self._set_marking(marking)
+        if self._windowed:
+            if marking:
+                self._resume_history()
+            else:
+                self._pause_history()
         self.mark([STEP, index])
         if len(self.log) > MAX_RECORDS:
             self._trim()
@@ -821,6 +899,9 @@ class Recorder:
                 "so allocations could not be attributed"
             )
             return
+        if self._windowed and self._windows:
+            self._merge_windows(log)
+            return
         index = self.device_index or 0
         traces = snapshot.get("device_traces") or []
         trace = traces[index] if index < len(traces) else []
@@ -864,6 +945,35 @@ class Recorder:
             log.notes.append(
                 "this torch has no allocator user metadata: markers were placed on the trace "
                 "by time, which can misplace allocations made within a microsecond of a marker"
+            )
+
+    def _merge_windows(self, log: EventLog) -> None:
+        records, baseline, frames, info = merge_trace_windows(
+            self._windows,
+            self.log,
+            marker_base=self.base,
+            library_dirs=_LIBRARY_DIRS,
+            metadata_prefix=self._meta_prefix,
+        )
+        log.records, log.baseline, log.frames = records, baseline, frames
+        log.meta["block_sizes"] = "allocator"
+        log.meta["segments"] = self._windows[-1]["segments"]
+        log.meta["stacks"] = self.stacks
+        info["max_entries"] = MAX_TRACE_ENTRIES
+        info["dropped_windows"] = self._dropped_windows
+        info["overflowed"] = any(len(w["trace"]) >= MAX_TRACE_ENTRIES for w in self._windows)
+        log.meta["trace"] = info
+        if self._dropped_windows:
+            log.notes.append(
+                f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events: the "
+                f"{self._dropped_windows} oldest windows of marked steps were dropped; raise "
+                "VRAMSCOPE_TRACE_ENTRIES to keep more"
+            )
+        elif info["overflowed"]:
+            log.notes.append(
+                f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events and filled up: "
+                "allocations before its window count as live before it; raise "
+                "VRAMSCOPE_TRACE_ENTRIES to see more"
             )
 
     def _marker_times_on_trace(self, trace: list[dict[str, Any]]) -> list[float] | None:

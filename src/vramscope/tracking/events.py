@@ -281,6 +281,116 @@ def merge_allocator_trace(
     return records, baseline, frames, stats
 
 
+def merge_trace_windows(
+    windows: list[dict[str, Any]],
+    markers: list[list[Any]],
+    *,
+    marker_base: int = 0,
+    library_dirs: tuple[str, ...] = (),
+    metadata_prefix: str = "",
+) -> tuple[list[list[Any]], list[list[int]], list[list[Any]], dict[str, Any]]:
+    """:func:`merge_allocator_trace` for a trace recorded in windows (the steps with module
+    markers), joined into one record list.
+
+    ``windows``: in order, each ``{"first", "last", "trace", "active", "segments"}``: the
+    global marker counts when its recording began and ended (``last`` None: at the end), one
+    device's trace entries, the blocks allocated when it ended (``[{"address", "size"}]``)
+    and the segments then (``[addr, size]``). Between windows nothing was recorded: only
+    the markers of those steps are kept, and at each window's start the blocks live then (its
+    trace read backwards from its end) replace those live at the previous window's end: a
+    block at the same address and size is the same block; the others are freed or allocated
+    there, with no frame (made in steps nobody recorded). Inside each window the records are
+    exact.
+    """
+    records: list[list[Any]] = []
+    frames: list[list[Any]] = []
+    baseline: list[list[int]] = []
+    live: dict[int, tuple[int, int]] = {}  # addr -> (block, size), as the records stand
+    addr_of: dict[int, int] = {}  # live block -> addr
+    next_block = 0
+    emitted = marker_base  # global count of the markers emitted so far
+    marker_end = marker_base + len(markers)
+    stats: dict[str, Any] = {"windows": 0, "entries": 0, "allocs": 0, "frees": 0, "ooms": 0}
+    stats.update({"foreign_metadata": 0, "changed_sizes": 0, "join": "end", "bridged": 0})
+
+    def emit_markers(upto: int) -> None:
+        nonlocal emitted
+        upto = min(max(upto, emitted), marker_end)
+        records.extend(markers[emitted - marker_base : upto - marker_base])
+        emitted = upto
+
+    for window in windows:
+        first = max(int(window["first"]), marker_base)
+        last = marker_end if window.get("last") is None else min(int(window["last"]), marker_end)
+        if last < first:
+            continue
+        emit_markers(first)
+        first = emitted
+        part, start, part_frames, info = merge_allocator_trace(
+            window["trace"],
+            window["active"],
+            markers[first - marker_base : max(first, last) - marker_base],
+            marker_base=first,
+            library_dirs=library_dirs,
+            segment_spans=window.get("segments") or (),
+            metadata_prefix=metadata_prefix,
+        )
+        emitted = max(first, last)
+        ids: dict[int, int] = {}  # this window's block numbers -> the joined ones
+        if stats["windows"] == 0:
+            for block, addr, size in start:
+                ids[block] = next_block
+                baseline.append([next_block, addr, size])
+                live[addr] = (next_block, size)
+                addr_of[next_block] = addr
+                next_block += 1
+        else:
+            wanted = {addr: (block, size) for block, addr, size in start}
+            for addr, (block, size) in list(live.items()):
+                if wanted.get(addr, (None, None))[1] != size:
+                    records.append([FREE, block])
+                    del live[addr], addr_of[block]
+                    stats["bridged"] += 1
+            for addr, (block, size) in wanted.items():
+                if addr in live:
+                    ids[block] = live[addr][0]
+                    continue
+                ids[block] = next_block
+                records.append([ALLOC, next_block, addr, size, -1, None, None])
+                live[addr] = (next_block, size)
+                addr_of[next_block] = addr
+                next_block += 1
+                stats["bridged"] += 1
+        frame_offset = len(frames)
+        frames.extend(part_frames)
+        for record in part:
+            kind = record[0]
+            if kind == ALLOC:
+                joined = ids[record[1]] = next_block
+                next_block += 1
+                frame = record[4] + frame_offset if record[4] >= 0 else -1
+                records.append([ALLOC, joined, record[2], record[3], frame, *record[5:7]])
+                live[record[2]] = (joined, record[3])
+                addr_of[joined] = record[2]
+            elif kind == FREE:
+                joined = ids.get(record[1])
+                if joined is None:
+                    continue
+                records.append([FREE, joined])
+                addr = addr_of.pop(joined, None)
+                if addr is not None and live.get(addr, (None,))[0] == joined:
+                    del live[addr]
+            else:
+                records.append(record)
+        stats["windows"] += 1
+        for key in ("entries", "allocs", "frees", "ooms", "foreign_metadata", "changed_sizes"):
+            stats[key] += info.get(key, 0)
+        if stats["windows"] == 1 or info.get("join") != "end":
+            stats["join"] = info.get("join", stats["join"])
+    emit_markers(marker_end)
+    return records, baseline, frames, stats
+
+
 SMALL_SIZE = 1 << 20  # the caching allocator's kSmallSize: larger requests use the large pool
 
 

@@ -83,6 +83,17 @@ class MarkerSchedule:
             self._since_mark += 1
         return mark
 
+    def charge(self, seconds: float) -> None:
+        """Work done at the start of this step on behalf of the marked step before it (its
+        window of the allocator's trace, taken now): counted in that step's time, not this."""
+        if self._open is None or self._open[1]:
+            return
+        start, marked, count = self._open
+        self._open = (start + seconds, marked, count)
+        if self._marked_s:
+            self._marked_s[-1] += seconds
+            self._update_interval()
+
     def forget(self, index: int) -> None:
         """Step ``index`` turned out empty (no forward, backward or optimizer step): it is
         not one of the run's steps."""
