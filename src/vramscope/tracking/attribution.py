@@ -366,14 +366,27 @@ class Recorder:
         started = time.perf_counter()
         try:
             self._end_window(self.base + len(self.log))
-        finally:
-            torch.cuda.memory._record_memory_history(enabled=None)
-            self._history_on = False
+        except Exception as exc:  # never the user's run: trace every step from here on
+            self._windowed = False
+            self.notes.append(
+                f"attribution: the allocator trace could not be taken at a step without "
+                f"markers ({type(exc).__name__}: {exc}); it ran in every step from there"
+            )
+            return
+        torch.cuda.memory._record_memory_history(enabled=None)
+        self._history_on = False
         self.schedule.charge(time.perf_counter() - started)
 
     def _resume_history(self) -> None:
         if self._windowed and self._cuda_on and not self._history_on:
-            self._start_history()
+            try:
+                self._start_history()
+            except Exception as exc:  # never the user's run: no trace from here on
+                self._windowed = False
+                self.notes.append(
+                    f"attribution: the allocator trace could not be started again "
+                    f"({type(exc).__name__}: {exc}); later steps are not in it"
+                )
 
     def _probe(self) -> None:
         """A 512-byte allocation whose trace time ties the trace's clock to ours."""
@@ -391,7 +404,7 @@ class Recorder:
             if self._set_meta is None:
                 self._probe()
             torch.cuda.synchronize(self.device_index)
-            if self._windowed:
+            if self._windows or self._windowed:
                 if not self._history_on:  # the end state: an empty last window
                     self._start_history()
                 self._raw_snapshot = self._end_window(None)
@@ -899,7 +912,7 @@ class Recorder:
                 "so allocations could not be attributed"
             )
             return
-        if self._windowed and self._windows:
+        if self._windows:
             self._merge_windows(log)
             return
         index = self.device_index or 0
