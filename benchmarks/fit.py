@@ -82,6 +82,51 @@ def one_fit(spec: str, precision: str, gib: int) -> dict:
     return row
 
 
+def estimates_only(truth_path: str, out: str | None) -> None:
+    """No GPU: the estimate-only answers again (H200 profile, margin 0), beside the true
+    largest batches of a committed GPU run (``truth_path``, this script's ``--out``)."""
+    from vramscope.fit.search import Estimator, make_target, search_batches
+    from vramscope.fit.strategies import get_strategy
+
+    truth = json.loads(Path(truth_path).read_text())
+    rows = []
+    for r in truth["fit"]:
+        t0 = time.perf_counter()
+        target = make_target(None, r["budget_gib"] * GiB, 0)
+        est = Estimator(r["spec"], target, get_strategy("baseline"), r["precision"], None, None)
+        found = search_batches(est, 2048, without_margin=False)
+        row = {
+            "workload": r["workload"],
+            "budget_gib": r["budget_gib"],
+            "true": r.get("true"),
+            "estimate_before": r.get("estimate"),
+            "estimate": found.best,
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\n{'workload':26s} {'budget':>7s} {'true':>6s} {'before':>7s} {'estimate':>9s}  off by")
+    for r in rows:
+        off = r["estimate"] - r["true"] if r["true"] and r["estimate"] else None
+        print(
+            f"{r['workload']:26s} {r['budget_gib']:5d}G {r['true']!s:>6s} "
+            f"{r['estimate_before']!s:>7s} {r['estimate']!s:>9s}  {off:+d}"
+        )
+    import torch
+
+    within = sum(1 for r in rows if r["true"] and abs(r["estimate"] - r["true"]) <= 1)
+    print(f"\nwithin one batch of the truth: {within} of {len(rows)}")
+    if out:
+        meta = {
+            "date": datetime.date.today().isoformat(),
+            "estimated_on": "cpu",
+            "torch": torch.__version__,
+            "truth": Path(truth_path).name,
+            "truth_meta": truth.get("meta"),
+        }
+        Path(out).write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+
+
 def one_compare(spec: str, batch: int) -> list[dict]:
     strategies = ["bf16-mixed", "checkpointing", "sgd", "accumulate-x2"]
     est = compare([spec], batch_size=batch, strategies=strategies, measured=False)
@@ -137,8 +182,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--skip-compare", action="store_true")
     parser.add_argument("--only", nargs="*", help="workload names of CASES to run")
+    parser.add_argument(
+        "--estimates-only",
+        metavar="TRUTH_JSON",
+        help="no GPU: the estimate-only answers again, beside a committed run's true answers",
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.estimates_only:
+        estimates_only(args.estimates_only, args.out)
+        return
     if args.child:
         _child(args.child[0], args.child[1:])
         return

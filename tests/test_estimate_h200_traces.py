@@ -204,3 +204,73 @@ def test_gradients_are_summed_in_place_unless_both_are_views(shape, layer, in_pl
     sums = [b for b in trace.blocks.values() if b.op == "add.Tensor" and b.phase == "backward"]
     assert any(e[0] == "in_place" for e in trace.events) == in_place
     assert bool(sums) != in_place
+
+
+SWEEP = DATA / "conv_batch_sweep_h200_resnet18.json.gz"
+
+
+def _sweep_workspaces() -> list[tuple[int, tuple[int, ...], str, int, int]]:
+    """(batch, conv, pass, recorded, modelled) for the 1x1 stride-2 convolutions of the H200
+    sweep: forward and weight gradient, the first request that is none of the operands."""
+    with gzip.open(SWEEP, "rt") as f:
+        doc = json.load(f)
+    rows = []
+    for case in doc["cases"]:
+        cin, cout, k, stride, h = case["conv"]
+        if k != 1 or stride != 2:
+            continue
+        x = torch.empty(case["batch"], cin, h, h, device="meta")
+        w = torch.empty(cout, cin, 1, 1, device="meta")
+        out = torch.nn.functional.conv2d(x, w, None, stride)
+        operands = {t.numel() * 4 for t in (x, w, out)}
+        for phase, requests, modelled in (
+            ("forward", case["fwd"], dict(forward=True)),
+            ("weight", case["bwd"], dict(gradient="weight", gemm_from=28 * 28)),
+        ):
+            sizes = [size for action, size in requests if action == "alloc"]
+            extra = [size for size in sizes if size not in operands]
+            recorded = extra[-1] if phase == "weight" and len(extra) > 1 else (extra or [0])[0]
+            rule = kernels._conv_transform_bytes(
+                x,
+                w,
+                out,
+                (stride, stride),
+                1,
+                False,
+                swept=True,
+                **modelled,
+            )
+            rows.append((case["batch"], (cin, cout, h), phase, recorded, rule))
+    return rows
+
+
+@pytest.mark.skipif(not SWEEP.exists(), reason="record with tests/gpu/record_conv_batch_sweep.py")
+def test_downsampling_workspaces_follow_the_batch_as_cudnn_did():
+    # cuDNN picks the engines of a ResNet's 1x1 stride-2 convolutions by batch size too: on
+    # the H200 the 28x28 and 14x14 ones' forwards took input and output up to batch 192, then
+    # nothing (128 channels) or input and weight (256), and the 56x56 one's weight gradient
+    # took input and output up to batch 128, then nothing. The forwards are exact at every
+    # batch; the weight gradients' switch is where the sweep has it.
+    rows = _sweep_workspaces()
+    forward = [(b, c, r, m) for b, c, p, r, m in rows if p == "forward"]
+    assert len(forward) == 3 * 14
+    for batch, conv, recorded, modelled in forward:
+        if conv[2] == 56:
+            continue  # the 56x56 one: no transposed operand at any batch (the general rule)
+        assert (recorded == 0) == (modelled == 0), (batch, conv)
+        assert abs(modelled - recorded) <= 512, (batch, conv, recorded, modelled)
+    weight = [(b, r, m) for b, c, p, r, m in rows if p == "weight" and c == (64, 128, 56)]
+    assert [b for b, r, _ in weight if r == 0] == [b for b, _, m in weight if m == 0]
+    assert [b for b, _, m in weight if m == 0] == [
+        192,
+        256,
+        320,
+        384,
+        416,
+        448,
+        464,
+        468,
+        469,
+        470,
+        512,
+    ]

@@ -52,11 +52,20 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   only, a weight gradient its transposes with 3 split-K slices instead of 14, and otherwise
   an engine without a workspace ran; torch caches the engine that ran. The replay tries
   those sizes in that order and keeps the choice (``Trace.fallbacks``) instead of failing.
-  Not modelled: cuDNN's heuristics also pick by batch size. ResNet-18 in float32 at batch
-  466-470 (``tests/data/fit_edge_h200_resnet18_*``) ran the 512-channel 3x3 convolutions on 7x7
-  with 7 to 7.5 MiB more than input, output and weight, the 256-to-512 1x1 stride-2 one with
-  input and weight, and the 128-to-256 one without a workspace; at batch 128 all three took
-  the operands the rules above give.
+  cuDNN's heuristics also pick by batch size. A sweep of batch 32-512 on an H200
+  (``tests/gpu/record_conv_batch_sweep.py``, ResNet-18's shapes in float32, kept in
+  ``tests/data/conv_batch_sweep_h200_resnet18.json.gz``) showed, for the 1x1 stride-2
+  convolutions (a ResNet's downsampling), engines that change once with the batch: from
+  batch 256 on the forward takes no workspace over 128 channels and input and weight over
+  256 (at 28x28 and 14x14; 192 and below: input and output), and from batch 192 on the
+  weight gradient over 64 channels takes none. Those are modelled for the H200. Two more
+  held at every batch but are not modelled yet, because each moved a measured result the
+  wrong way (the reserved memory of ResNet-18 at batch 128, the 4 GiB fit edge): these
+  convolutions' data gradients over at most 128 channels take no workspace, and the first
+  layer's weight gradient pads its input to 4 channels with 5.75 MiB of partial sums. Not
+  modelled either: the 512-channel 3x3 convolutions on 7x7 took a few MiB more than input,
+  output and weight at some batches (7 to 7.5 MiB at 466-470,
+  ``tests/data/fit_edge_h200_resnet18_*``) and not at others.
 
 Everything here is a global rule from those sources; nothing is fitted to a workload.
 """
@@ -478,8 +487,9 @@ def after_op(
         recorder.libraries.add("cudnn_backward")
     if func is aten.convolution.default:
         if _on_cuda(args[0]) and profile.capability[0] >= 8:
+            swept = profile.name in _SWEPT_GPUS
             size = _conv_transform_bytes(
-                args[0], args[1], out, args[3], args[8], args[6], forward=True
+                args[0], args[1], out, args[3], args[8], args[6], forward=True, swept=swept
             )
             smaller = _storage_bytes(args[0]) + _storage_bytes(args[1])
             ladder = (smaller, 0) if 0 < smaller < size else (0,)
@@ -488,7 +498,7 @@ def after_op(
         return
     if func is aten.convolution_backward.default:
         if _on_cuda(args[1]) and profile.capability[0] >= 8:
-            _conv_backward_workspaces(recorder, args, out)
+            _conv_backward_workspaces(recorder, args, out, profile.name in _SWEPT_GPUS)
         return
     if func in _ATTENTION_FORWARD:
         seeds = _ATTENTION_FORWARD[func]
@@ -629,11 +639,15 @@ def _conv_transform_bytes(
     transposed: bool,
     gemm_from: int = 14 * 14,
     forward: bool = False,
+    gradient: str | None = None,
+    swept: bool = False,
 ) -> int:
     """The workspace of a cuDNN 2-D convolution whose engine transposes NCHW to NHWC: the
     input, the output and the weight, each rounded as the allocator rounds (see the module
     docstring for the cases without one and those that skip an operand). A 1x1 stride-1
-    convolution over ``gemm_from`` positions or more runs as a GEMM, without."""
+    convolution over ``gemm_from`` positions or more runs as a GEMM, without. ``gradient``:
+    ``"data"`` or ``"weight"`` for the two backward passes (``None``: not said); ``swept``:
+    the GPU is the one whose batch sweep showed the rules that depend on it (the H200)."""
     if transposed or groups != 1 or x.dim() != 4 or not isinstance(out, torch.Tensor):
         return 0
     if not x.is_contiguous():
@@ -649,7 +663,32 @@ def _conv_transform_bytes(
         # a large kernel on an image: input (channels padded to 8 in half precision) and output
         pad = 8 if x.dtype in HALF else channels
         return _round(x.numel() // channels * pad * x.element_size(), 512) + _storage_bytes(out)
+    strided = any(int(s) > 1 for s in stride)
+    if swept and kh == kw == 1 and strided and x.dtype == torch.float32:
+        by_batch = _strided_pointwise_fp32(x, w, out, channels, forward, gradient)
+        if by_batch is not None:
+            return by_batch
     return _transform_operands(x, w, out, kh, kw, channels, forward) + _CUDNN_SLACK
+
+
+def _strided_pointwise_fp32(
+    x: Any, w: Any, out: Any, channels: int, forward: bool, gradient: str | None
+) -> int | None:
+    """A float32 1x1 stride-2 convolution (a ResNet's downsampling), recorded on an H200
+    (cuDNN 9.19) at batch 32 to 512 for ResNet-18's three (64, 128 and 256 input channels,
+    doubling them, over 56x56, 28x28 and 14x14); ``None``: the general rule. cuDNN's
+    heuristics pick these engines by the batch size too: the thresholds are the first
+    recorded batch at which the engine changed (the change came after 128, resp. 192)."""
+    batch, positions = int(x.shape[0]), int(x.shape[2]) * int(x.shape[3])
+    if gradient == "weight" and channels <= 64 and batch >= 192:
+        return 0  # 128 and below: input and output transposed (the general rule)
+    if forward and batch >= 256 and channels <= 256 and positions < 56 * 56:
+        # 192 and below: input and output (the general rule); from 256 on the engine of the
+        # 56x56 one: nothing up to 128 channels, else the input and the weight
+        if channels <= 128:
+            return 0
+        return _storage_bytes(x) + _storage_bytes(w) + _CUDNN_SLACK
+    return None
 
 
 # what cuDNN asked for beyond the operands it transposes: 147 bytes in 614 of the 733 forward
@@ -678,7 +717,9 @@ def _transform_operands(
     return _storage_bytes(x) + _storage_bytes(out) + _storage_bytes(w)
 
 
-def _conv_backward_workspaces(recorder: Recorder, args: tuple[Any, ...], out: Any) -> None:
+def _conv_backward_workspaces(
+    recorder: Recorder, args: tuple[Any, ...], out: Any, swept: bool = False
+) -> None:
     """Data gradient, then weight gradient: each transposes its three operands; the weight
     gradient also keeps float32 split-K partial sums of the weight (14 slices, between about
     2 and 8 MiB in the engines recorded), and transposes for 1x1 convolutions up to 27x27."""
@@ -687,7 +728,9 @@ def _conv_backward_workspaces(recorder: Recorder, args: tuple[Any, ...], out: An
     if not isinstance(out, (tuple, list)):
         return
     if mask[0] and isinstance(out[0], torch.Tensor):
-        size = _conv_transform_bytes(x, w, grad_out, stride, groups, transposed)
+        size = _conv_transform_bytes(
+            x, w, grad_out, stride, groups, transposed, gradient="data", swept=swept
+        )
         # recorded: the data gradient runs (and frees its workspace) before the weight
         # gradient is allocated
         later = out[1] if mask[1] and isinstance(out[1], torch.Tensor) else None
@@ -697,7 +740,15 @@ def _conv_backward_workspaces(recorder: Recorder, args: tuple[Any, ...], out: An
         )
     if mask[1] and isinstance(out[1], torch.Tensor):
         size = _conv_transform_bytes(
-            x, out[1], grad_out, stride, groups, transposed, gemm_from=28 * 28
+            x,
+            out[1],
+            grad_out,
+            stride,
+            groups,
+            transposed,
+            gemm_from=28 * 28,
+            gradient="weight",
+            swept=swept,
         )
         ladder: tuple[int, ...] = (0,)
         if size:
@@ -716,6 +767,10 @@ def _conv_backward_workspaces(recorder: Recorder, args: tuple[Any, ...], out: An
 # weight, also for smaller weights (recorded for 32x32x3x3 at batch 215 and up); twice that
 # for a strided convolution (3.8 and 4.1 MiB recorded for 64x32x3x3 and 128x64x3x3)
 _PARTIALS_FLOOR = 14 * 64 * 64 * 9 * 4
+
+# the GPUs whose sweep of batch sizes (tests/gpu/record_conv_batch_sweep.py) showed the rules
+# that depend on the batch (cuDNN 9.19's heuristics on an H200; other GPUs keep the rules above)
+_SWEPT_GPUS = ("h200",)
 
 
 def _plan_key(kind: str, x: Any, w: Any, stride: Any) -> tuple[Any, ...]:
