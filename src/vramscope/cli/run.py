@@ -40,7 +40,8 @@ def detail_options(func):
                 help="With --detail modules: the steps that place module markers. auto: every "
                 "step while the markers cost under 2% of a step, else the first 3 and every "
                 "N-th with N chosen to keep that; all: every step; N: the first 3 and every "
-                "N-th. Phase peaks and categories cover every step either way.",
+                "N-th. Phase peaks cover every step either way; on CUDA the allocator's trace "
+                "runs in the marked steps.",
             ),
             click.option(
                 "--lines-of",

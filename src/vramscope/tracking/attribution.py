@@ -131,8 +131,8 @@ class Recorder:
         # modules nested deeper than this place no markers: what they allocate counts to
         # their ancestor at this depth (None: every module is marked)
         self.marker_depth = marker_depth
-        # which steps place module markers (see tracking/marking.py); phases, steps and the
-        # allocator's trace are recorded in every step
+        # which steps place module markers (see tracking/marking.py); phases and steps are
+        # recorded in every step, the allocator's trace on CUDA in the marked ones
         self.schedule = MarkerSchedule(module_steps)
         self.marking = True
         self.device_index = device_index

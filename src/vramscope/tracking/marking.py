@@ -13,8 +13,9 @@ the same allocations, so the per-module tables need a few of them, not all:
   most ``COST_SHARE`` to the quickest step without them, else every N-th step with N chosen
   so that they add that much on average.
 
-Steps without markers are still in the allocator's trace and in every phase peak (those
-never depend on markers); the report says which steps carry module markers, and the module
+Steps without markers are still in every phase peak (those never depend on markers); on
+CUDA the allocator's trace runs only in the marked steps (its entries cost about half a
+microsecond each). The report says which steps carry module markers, and the module
 tables describe the highest point among them.
 """
 
