@@ -201,3 +201,18 @@ def test_work_charged_to_the_marked_step_before_widens_the_spacing():
 
     assert spacing(0.0) == 3
     assert spacing(0.001) == 8  # 15% a marked step: one in 8 keeps them near 2%
+
+
+def test_the_cost_is_read_against_neighbouring_steps_so_drift_cancels():
+    """The device's speed drifts: here the whole run slows down by a third over 60 steps, and
+    one marked step (6) ran at a moment the clock was up, faster than any step without
+    markers. Markers add 20% throughout: one step in 10 keeps them near 2%."""
+    clock = StepClock(0.01, 0.012)
+    schedule = MarkerSchedule("auto", clock=clock)
+    for i in range(60):
+        marked = schedule.begin(i)
+        speed = (1 + i / 180) * (0.75 if i == 6 else 1.0)
+        clock.now += speed * (clock.marked_s if marked else clock.plain_s)
+    assert schedule.interval == 10
+    settled = [i for i in schedule.marked_steps if i > FIRST_STEPS + 2 * CALIBRATION]
+    assert {b - a for a, b in itertools.pairwise(settled)} == {10}

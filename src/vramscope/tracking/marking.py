@@ -10,8 +10,12 @@ the same allocations, so the per-module tables need a few of them, not all:
 - an integer N: the first steps, then every N-th;
 - ``"auto"`` (the default): the first steps, then steps without and with markers
   alternately until ``CALIBRATION`` of each are timed, then every step while markers add at
-  most ``COST_SHARE`` to the quickest step without them, else every N-th step with N chosen
-  so that they add that much on average.
+  most ``COST_SHARE`` to a step without them, else every N-th step with N chosen so that
+  they add that much on average. What they add is read from pairs: each marked step's time
+  over the mean of the unmarked steps just before and after it, the median of the last
+  ``PAIRS`` pairs. A GPU's speed drifts by tens of percent over seconds on short steps;
+  neighbours share the drift, so their ratio keeps only the markers' cost, and the median
+  leaves out a step slowed by something else (a recompilation, an evaluation).
 
 Steps without markers are still in every phase peak (those never depend on markers); on
 CUDA the allocator's trace runs only in the marked steps (its entries cost about half a
@@ -33,6 +37,7 @@ MAX_INTERVAL = 50
 CALIBRATION = 4  # "auto": steps timed with and without markers before the spacing is trusted
 PROBE_EVERY = 16  # "auto" with every step marked: a step without markers this often
 SETTLED = FIRST_STEPS + 2 * CALIBRATION - 1  # "auto": the first step on the settled spacing
+PAIRS = 8  # "auto": marked steps (each against its unmarked neighbours) the cost is read from
 POLICIES = ("auto", "all")
 
 
@@ -58,6 +63,10 @@ class MarkerSchedule:
         self._clock = clock
         self._marked_s: deque[float] = deque(maxlen=8)  # step times with markers
         self._plain_s: deque[float] = deque(maxlen=8)  # and without
+        # marked steps waiting for the next unmarked one: (time, the unmarked one before)
+        self._waiting: list[tuple[float, float | None]] = []
+        self._last_plain: float | None = None
+        self._ratios: deque[float] = deque(maxlen=PAIRS)  # marked / its unmarked neighbours
         self._open: tuple[float, bool, int] | None = None  # (start, marked, count) of the open step
         self._count = 0  # steps begun
         self._since_mark = 0  # steps begun since the last marked one
@@ -71,8 +80,7 @@ class MarkerSchedule:
         if self._open is not None:
             start, marked, count = self._open
             if count > 0:  # the first step is warm-up, not the run's step
-                (self._marked_s if marked else self._plain_s).append(now - start)
-                self._update_interval()
+                self._record(marked, now - start, count)
         mark = self._decide()
         self._open = (now, mark, self._count)
         self._count += 1
@@ -93,7 +101,10 @@ class MarkerSchedule:
         self._open = (start + seconds, marked, count)
         if self._marked_s:
             self._marked_s[-1] += seconds
-            self._update_interval()
+        if self._waiting:
+            taken, before = self._waiting[-1]
+            self._waiting[-1] = (taken + seconds, before)
+        self._update_interval()
 
     def forget(self, index: int) -> None:
         """Step ``index`` turned out empty (no forward, backward or optimizer step): it is
@@ -122,15 +133,35 @@ class MarkerSchedule:
                 return True
         return self._since_mark + 1 >= self.interval
 
+    def _record(self, marked: bool, seconds: float, count: int) -> None:
+        """A step's time: kept, and paired (a marked step with its unmarked neighbours)."""
+        (self._marked_s if marked else self._plain_s).append(seconds)
+        if marked:
+            if count >= FIRST_STEPS:  # the first steps differ from the run's (warm-up)
+                self._waiting.append((seconds, self._last_plain))
+                del self._waiting[:-PROBE_EVERY]
+        else:
+            for taken, before in self._waiting:
+                reference = seconds if before is None else (before + seconds) / 2
+                if reference > 0:
+                    self._ratios.append(taken / reference)
+            self._waiting.clear()
+            self._last_plain = seconds
+        self._update_interval()
+
     def _update_interval(self) -> None:
         if self.policy != "auto" or not self._marked_s or not self._plain_s:
             return
-        # the quickest of the last few of each: a step slowed by something else (a
-        # recompilation, cuDNN's first choice, an evaluation) says nothing about the markers
-        plain = min(self._plain_s)
-        if plain <= 0:
-            return
-        added = min(self._marked_s) / plain - 1
+        if self._ratios:
+            ratios = sorted(self._ratios)
+            added = ratios[len(ratios) // 2] - 1  # the median (the upper one of an even count)
+        else:
+            # no pair yet: the quickest of each (a step slowed by something else, a
+            # recompilation or cuDNN's first choice, says nothing about the markers)
+            plain = min(self._plain_s)
+            if plain <= 0:
+                return
+            added = min(self._marked_s) / plain - 1
         self.interval = max(1, min(MAX_INTERVAL, math.ceil(added / COST_SHARE - 1e-9)))
 
     def summary(self) -> dict[str, object]:
