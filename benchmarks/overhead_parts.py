@@ -3,7 +3,7 @@
 Times the same step (nanoGPT's 10.7M-parameter character model, batch-1 inference or a
 batch-8 training step) untracked and under variants of ``vramscope.track()`` with parts
 switched off (hooks, the sampler thread, the status file), each step timed to a
-synchronize, blocks interleaved; then the cost of single allocator calls, and a cProfile of
+synchronize, blocks interleaved and each paired with the same round's untracked block; then the cost of single allocator calls, and a cProfile of
 tracked steps (the functions that take the most time, by own time).
 
 Usage: python benchmarks/overhead_parts.py [--workload chargpt-infer-b1-64tok] [--out f.json]
@@ -37,6 +37,8 @@ VARIANTS = {
     "no hooks": {"hooks": False},
     "no sampler": {"interval_s": 1e6},
     "no status file": {"status": False},
+    "no sampler, no status file": {"interval_s": 1e6, "status": False},
+    "no hooks, sampler or status file": {"hooks": False, "interval_s": 1e6, "status": False},
 }
 # --detail modules taken apart: the allocator's history alone, markers to a depth, backward
 # markers off (a variant is Session keyword arguments, or a function making a context manager)
@@ -102,22 +104,30 @@ def main() -> None:
         runner()
     rounds, steps = overhead.block_plan(runner, args.rounds)
     times: dict[str, list[float]] = {"base": []}
+    blocks: dict[str, list[float]] = {"base": []}  # each block's median step, per round
     order = ["base", *variants]
     for r in range(rounds):
         shift = r % len(order)
         for name in order[shift:] + order[:shift]:
             if name == "base":
-                times["base"] += overhead.timed_steps(runner, steps)
-                continue
-            with _variant(variants[name]):
-                times.setdefault(name, []).extend(overhead.timed_steps(runner, steps))
+                values = overhead.timed_steps(runner, steps)
+            else:
+                with _variant(variants[name]):
+                    values = overhead.timed_steps(runner, steps)
+            times.setdefault(name, []).extend(values)
+            blocks.setdefault(name, []).append(statistics.median(values))
     base = statistics.median(times["base"])
     result: dict = {"workload": args.workload, "step_ms": round(base * 1e3, 3), "variants": {}}
-    print(f"{args.workload}: base {base * 1e3:.3f} ms/step")
+    print(f"{args.workload}: base {base * 1e3:.3f} ms/step (overhead paired by round)")
     for name in variants:
-        t = statistics.median(times[name])
-        result["variants"][name] = {"cost_us_per_step": round((t - base) * 1e6, 1)}
-        print(f"  {name:16s} {(t - base) * 1e6:8.1f} µs/step  ({100 * (t - base) / base:+.2f}%)")
+        # paired with the same round's untracked block: the device's drift between rounds cancels
+        pct = overhead.paired_pct(blocks[name], blocks["base"])
+        result["variants"][name] = {
+            "overhead_pct": pct,
+            "cost_us_per_step": round(base * pct * 1e4, 1),
+            "pooled_cost_us_per_step": round((statistics.median(times[name]) - base) * 1e6, 1),
+        }
+        print(f"  {name:34s} {base * pct * 1e4:8.1f} µs/step  ({pct:+.2f}%)")
     index = torch.cuda.current_device()
     costs = {
         "_cuda_memoryStats": call_cost(lambda: torch._C._cuda_memoryStats(index)),
