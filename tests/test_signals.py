@@ -130,3 +130,50 @@ def test_a_stopped_measure_leaves_its_report(tmp_path):
     data = json.loads((tmp_path / "m.json").read_text())
     assert data["exit"]["status"] == "terminated" and data["exit"]["signal"] == "SIGTERM"
     assert len(data["steps"]) >= 1
+
+
+def _frame_inside_the_schedule():
+    """A real frame of vramscope's bookkeeping: the marker schedule calling its clock."""
+    from vramscope.tracking.marking import MarkerSchedule
+
+    frames = []
+
+    def clock() -> float:
+        frames.append(sys._getframe(1))  # marking.py's begin(), called from this test
+        return 0.0
+
+    MarkerSchedule("auto", clock=clock).begin(0)
+    return frames[0]
+
+
+def test_bookkeeping_is_told_from_the_users_code():
+    import torch
+
+    from vramscope.tracking.runner import _in_bookkeeping
+
+    assert _in_bookkeeping(_frame_inside_the_schedule())
+    assert not _in_bookkeeping(sys._getframe())  # this test: the user's code
+    seen = []
+    torch.nn.Linear(2, 2).apply(lambda m: seen.append(sys._getframe(1)))
+    assert seen[0].f_code.co_filename.startswith(str(Path(torch.__file__).parent))
+    assert not _in_bookkeeping(seen[0])  # torch's frame, called from the user's code
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_signal_in_the_bookkeeping_comes_again_in_the_users_code():
+    # stopped inside a hook, the session would keep a half-made record (the run's open step
+    # taken off as current and not yet stored: a report with no steps); the signal is sent
+    # again a moment later and then ends the user's code as usual
+    import time
+
+    from vramscope.tracking.runner import StopSignals, Terminated
+
+    with StopSignals() as stops:
+        stops.arm()
+        stops._handle(signal.SIGTERM, _frame_inside_the_schedule())  # deferred: no raise
+        assert stops.received is None
+        with pytest.raises(Terminated) as raised:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.001)  # the user's code, running
+        assert raised.value.signum == signal.SIGTERM and stops.received is raised.value

@@ -7,6 +7,7 @@ import os
 import runpy
 import signal
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -63,11 +64,53 @@ class Terminated(BaseException):
         return 128 + self.signum
 
 
+def _folders(*paths: str) -> tuple[str, ...]:
+    """Each folder as written and as its real path, with a trailing separator."""
+    return tuple({f for p in paths for f in (p + os.sep, os.path.realpath(p) + os.sep)})
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(__file__))
+# vramscope's bookkeeping: the hooks, the session, the attribution and the allocator reads
+# (not the workloads and examples it runs, which are the user's code for this purpose)
+_BOOKKEEPING = _folders(os.path.join(_PACKAGE, "tracking"), os.path.join(_PACKAGE, "sources"))
+# code that vramscope's hooks run through without being the user's: torch and the standard
+# library (whose folder holds site-packages, which is not passed through but for torch)
+_PASS_THROUGH = _folders(os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"])
+_TORCH = _folders(os.path.dirname(torch.__file__))
+_INSTALLED = _folders(sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
+_RUNNER = {__file__, os.path.realpath(__file__)}
+DEFER_S = 0.002  # a signal that came during vramscope's bookkeeping is sent again this late
+
+
+def _in_bookkeeping(frame: FrameType | None) -> bool:
+    """Whether the main thread was stopped inside vramscope's own code called from the
+    user's (a hook recording a phase or a step), rather than in the user's code.
+
+    From the innermost frame outwards, torch's and the standard library's frames are passed
+    through; the first other frame decides. The runner (which runs the user's script) is not
+    bookkeeping."""
+    for _ in range(64):
+        if frame is None:
+            return False
+        name = frame.f_code.co_filename
+        if name in _RUNNER:
+            return False
+        if name.startswith(_BOOKKEEPING):
+            return True
+        if not name.startswith(_PASS_THROUGH) or (
+            name.startswith(_INSTALLED) and not name.startswith(_TORCH)
+        ):
+            return False
+        frame = frame.f_back
+    return False
+
+
 class StopSignals:
     """While active, SIGTERM and SIGHUP end the tracked code and leave its report.
 
-    The first signal of a kind raises ``Terminated`` while ``armed`` (the user's code runs),
-    and is only noted otherwise (the report is being written: it is finished first); either
+    The first signal of a kind raises ``Terminated`` while ``armed`` (the user's code runs;
+    one that lands in vramscope's own bookkeeping, a hook called from that code, is sent
+    again a moment later, so that no record is left half-made), and is only noted otherwise (the report is being written: it is finished first); either
     way that signal's default disposition is restored, so a second one ends the process at
     once. Handlers are installed before the user's code runs: a script that installs its own
     replaces them, and its own handling wins. Only the main thread can receive them, so
@@ -97,7 +140,15 @@ class StopSignals:
             raise self.received
         self.armed = True
 
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed and sys.platform != "win32" and _in_bookkeeping(frame):
+            # stopped halfway, a hook would leave the session's records torn (a step taken
+            # off as current and not yet stored): the same signal comes again in a moment,
+            # when the user's code runs
+            timer = threading.Timer(DEFER_S, os.kill, (os.getpid(), signum))
+            timer.daemon = True
+            timer.start()
+            return
         signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
         if self.received is None:
             self.received = Terminated(signum)
