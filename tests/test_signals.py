@@ -177,24 +177,3 @@ def test_a_signal_in_the_bookkeeping_comes_again_in_the_users_code():
             while time.monotonic() < deadline:
                 time.sleep(0.001)  # the user's code, running
         assert raised.value.signum == signal.SIGTERM and stops.received is raised.value
-
-
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_ctrl_c_in_the_bookkeeping_comes_again_in_the_users_code():
-    import time
-
-    from vramscope.tracking.runner import StopSignals
-
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("Ctrl-C is handled by something else here")
-    with StopSignals() as stops:
-        stops.arm()
-        assert signal.getsignal(signal.SIGINT) == stops._interrupt
-        stops._interrupt(signal.SIGINT, _frame_inside_the_schedule())  # deferred: no raise
-        with pytest.raises(KeyboardInterrupt):
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                time.sleep(0.001)
-        with pytest.raises(KeyboardInterrupt):  # in the user's code: at once, every time
-            stops._interrupt(signal.SIGINT, sys._getframe())
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -108,13 +108,11 @@ def _in_bookkeeping(frame: FrameType | None) -> bool:
 class StopSignals:
     """While active, SIGTERM and SIGHUP end the tracked code and leave its report.
 
-    The first signal of a kind raises ``Terminated`` while ``armed`` (the user's code runs),
-    and is only noted otherwise (the report is being written: it is finished first); either
+    The first signal of a kind raises ``Terminated`` while ``armed`` (the user's code runs;
+    one that lands in vramscope's own bookkeeping, a hook called from that code, is sent
+    again a moment later, so that no record is left half-made), and is only noted otherwise (the report is being written: it is finished first); either
     way that signal's default disposition is restored, so a second one ends the process at
-    once. A signal that lands in vramscope's own bookkeeping (a hook called from the user's
-    code) is sent again a moment later, so that no record is left half-made; Ctrl-C
-    (SIGINT, Python's KeyboardInterrupt) too, where Python's own handler was in place.
-    Handlers are installed before the user's code runs: a script that installs its own
+    once. Handlers are installed before the user's code runs: a script that installs its own
     replaces them, and its own handling wins. Only the main thread can receive them, so
     elsewhere nothing is installed. The previous handlers come back on exit.
     """
@@ -128,8 +126,6 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
-            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -144,24 +140,14 @@ class StopSignals:
             raise self.received
         self.armed = True
 
-    def _deferred(self, signum: int, frame: FrameType | None) -> bool:
-        """Send the signal again in a moment if it stopped vramscope's bookkeeping (which,
-        stopped halfway, would leave the session's records torn: a step taken off as
-        current and not yet stored)."""
-        if not (self.armed and sys.platform != "win32" and _in_bookkeeping(frame)):
-            return False
-        timer = threading.Timer(DEFER_S, os.kill, (os.getpid(), signum))
-        timer.daemon = True
-        timer.start()
-        return True
-
-    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
-        """Ctrl-C: Python's KeyboardInterrupt, but not in the middle of a hook."""
-        if not self._deferred(signum, frame):
-            signal.default_int_handler(signum, frame)
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._deferred(signum, frame):
+        if self.armed and sys.platform != "win32" and _in_bookkeeping(frame):
+            # stopped halfway, a hook would leave the session's records torn (a step taken
+            # off as current and not yet stored): the same signal comes again in a moment,
+            # when the user's code runs
+            timer = threading.Timer(DEFER_S, os.kill, (os.getpid(), signum))
+            timer.daemon = True
+            timer.start()
             return
         signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
         if self.received is None:
