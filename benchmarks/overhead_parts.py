@@ -44,7 +44,7 @@ VARIANTS = {
 # markers off (a variant is Session keyword arguments, or a function making a context manager)
 MODULE_VARIANTS: dict = {
     "modules": {"detail": "modules"},
-    "history only": lambda: _history_only(),
+    "history only": lambda: history_only(),
     "modules depth 0": {"detail": "modules", "depth": 0},
     "modules depth 1": {"detail": "modules", "depth": 1},
     "modules, no backward markers": lambda: _no_backward_markers(),
@@ -53,7 +53,8 @@ MODULE_VARIANTS: dict = {
 
 
 @contextlib.contextmanager
-def _history_only():  # type: ignore[no-untyped-def]
+def history_only():  # type: ignore[no-untyped-def]
+    """The allocator's trace without stacks, as ``--detail modules`` records it, alone."""
     torch.cuda.memory._record_memory_history(
         enabled="all", context=None, stacks="python", max_entries=300_000
     )

@@ -23,7 +23,6 @@ import json
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import vramscope
-from overhead import char_gpt
+from overhead import char_gpt, timed_steps
+from overhead_parts import history_only
 from vramscope.tracking.marking import expand
 from vramscope.workload import StepRunner
 
@@ -47,19 +47,6 @@ WORKLOADS: list[tuple[str, Callable, int]] = [
 SETTLED = 10  # steps of each block not compared (a session's first steps and calibration)
 
 
-class AllocatorTrace:
-    """The allocator's trace without stacks, as ``--detail modules`` records it."""
-
-    def __enter__(self) -> AllocatorTrace:
-        torch.cuda.memory._record_memory_history(
-            enabled="all", context=None, stacks="python", max_entries=300_000
-        )
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        torch.cuda.memory._record_memory_history(enabled=None)
-
-
 def context(variant: str) -> Any:
     if variant == "default":
         return vramscope.track(name="bench")
@@ -67,26 +54,15 @@ def context(variant: str) -> Any:
         return vramscope.track(name="bench", detail="modules")
     if variant == "modules-first3":
         return vramscope.track(name="bench", detail="modules", module_steps=10**6)
-    return AllocatorTrace()
+    return history_only()
 
 
 def block(runner: StepRunner, variant: str, steps: int = 30) -> tuple[list[float], set[int]]:
     """Step times of one block, and (``modules``) the steps that carried markers."""
-    times: list[float] = []
-
-    def run() -> None:
-        for _ in range(steps):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            runner()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-
     if variant == "base":
-        run()
-        return times, set()
+        return timed_steps(runner, steps, warmup=0), set()
     with context(variant) as session:
-        run()
+        times = timed_steps(runner, steps, warmup=0)
     if not variant.startswith("modules"):
         return times, set()
     schedule = session.report().extra.get("attribution", {}).get("module_steps") or {}
@@ -120,7 +96,7 @@ def measure(builder: Callable, batch: int, rounds: int = 6) -> dict[str, Any]:
         "marked_ms": round(1000 * statistics.median(marked), 3) if marked else None,
         "unmarked_ms": round(1000 * statistics.median(unmarked), 3) if unmarked else None,
     }
-    with AllocatorTrace():
+    with history_only():
         for _ in range(3):
             runner()
         torch.cuda.synchronize()

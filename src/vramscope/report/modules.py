@@ -509,14 +509,18 @@ def _marking_notes(
         f"({describe(marked)}): {why}; {covered} (--module-steps all marks every step)"
     ]
     if module_peak is not None:
-        gap = peak["allocated_bytes"] - module_peak["allocated_bytes"]
-        notes.append(
-            f"the run's peak was in step {peak['step']}, which has no module markers; the "
-            f"module tables and peak tensors describe the highest point of a marked step "
-            f"(step {module_peak['step']}, {module_peak['phase']}), "
-            + ("the same bytes" if gap == 0 else f"{gap} bytes below the run's peak")
-        )
+        notes.append(_unmarked_peak_note(peak["step"], peak["allocated_bytes"], module_peak))
     return notes
+
+
+def _unmarked_peak_note(step: int | None, run_peak: int, module_peak: dict[str, Any]) -> str:
+    gap = run_peak - module_peak["allocated_bytes"]
+    return (
+        f"the run's peak was in step {step if step is not None else '?'}, which has no module "
+        f"markers; the module tables and peak tensors describe the highest point of a marked "
+        f"step (step {module_peak['step']}, {module_peak['phase']}), "
+        + ("the same bytes" if gap == 0 else f"{gap} bytes below the run's peak")
+    )
 
 
 def _priority(category: str) -> int:
@@ -953,16 +957,13 @@ def apply_to_report(report: Any, analysis: dict[str, Any], detail: str) -> None:
         )
     elif run_peak and peak and analysis.get("trace_windows") is not None:
         # the trace ran in the marked steps only: the run's peak was in another step
-        step = report.peak.step if report.peak.step is not None else _peak_step(report)
-        marked = analysis["peak"]
+        marked = {k: analysis["peak"][k] for k in ("allocated_bytes", "step", "phase")}
         attribution = report.extra["attribution"]
-        attribution["module_peak"] = {k: marked[k] for k in ("allocated_bytes", "step", "phase")}
+        attribution["module_peak"] = marked
+        step = report.peak.step
         attribution.update(peak_bytes=run_peak, peak_step=step, peak_phase=report.peak.phase)
         notes.append(
-            f"the run's peak was in step {step if step is not None else '?'}, which has no "
-            f"module markers; the module tables and peak tensors describe the highest point "
-            f"of a marked step (step {marked['step']}, {marked['phase']}), "
-            f"{run_peak - peak} bytes below the run's peak; the categories above are the "
+            _unmarked_peak_note(step, run_peak, marked) + "; the categories above are the "
             "default split (the allocator's trace runs in the marked steps only)"
         )
     elif run_peak and peak:
@@ -972,12 +973,3 @@ def apply_to_report(report: Any, analysis: dict[str, Any], detail: str) -> None:
             "and peak tensors describe the highest point the trace holds"
         )
     report.extra["attribution_notes"] = notes
-
-
-def _peak_step(report: Any) -> int | None:
-    """The step whose peak is the run's (from the phase peaks, which cover every step)."""
-    target = report.peak.allocated_bytes
-    for step in report.steps:
-        if step.peak_allocated_bytes == target:
-            return step.index
-    return None

@@ -334,22 +334,13 @@ class Recorder:
         index = self.device_index or 0
         traces = snapshot.get("device_traces") or []
         trace = traces[index] if index < len(traces) else []
+        active, segments = _allocated_and_segments(snapshot, index)
         window = {
             "first": self._window_first,
             "last": last,
             "trace": trace,
-            "active": [
-                {"address": b.get("address", 0), "size": b.get("size", 0)}
-                for seg in snapshot.get("segments", [])
-                if seg.get("device", index) == index
-                for b in seg.get("blocks", [])
-                if b.get("state") == "active_allocated"
-            ],
-            "segments": [
-                [int(seg.get("address", 0)), int(seg.get("total_size", 0))]
-                for seg in snapshot.get("segments", [])
-                if seg.get("device", index) == index
-            ],
+            "active": active,
+            "segments": segments,
         }
         self._windows.append(window)
         self._window_entries += len(trace)
@@ -918,18 +909,7 @@ class Recorder:
         index = self.device_index or 0
         traces = snapshot.get("device_traces") or []
         trace = traces[index] if index < len(traces) else []
-        active = [
-            {"address": b.get("address", 0), "size": b.get("size", 0)}
-            for seg in snapshot.get("segments", [])
-            if seg.get("device", index) == index
-            for b in seg.get("blocks", [])
-            if b.get("state") == "active_allocated"
-        ]
-        segments = [
-            [int(seg.get("address", 0)), int(seg.get("total_size", 0))]
-            for seg in snapshot.get("segments", [])
-            if seg.get("device", index) == index
-        ]
+        active, segments = _allocated_and_segments(snapshot, index)
         times = self._marker_times_on_trace(trace)
         records, baseline, frames, info = merge_allocator_trace(
             trace,
@@ -1016,6 +996,22 @@ class Recorder:
 
     def raw_snapshot(self) -> dict[str, Any] | None:
         return self._raw_snapshot
+
+
+def _allocated_and_segments(
+    snapshot: dict[str, Any], index: int
+) -> tuple[list[dict[str, int]], list[list[int]]]:
+    """One device's allocated blocks (``{"address", "size"}``) and segments (``[addr, size]``)
+    in an allocator snapshot."""
+    own = [seg for seg in snapshot.get("segments", []) if seg.get("device", index) == index]
+    active = [
+        {"address": b.get("address", 0), "size": b.get("size", 0)}
+        for seg in own
+        for b in seg.get("blocks", [])
+        if b.get("state") == "active_allocated"
+    ]
+    segments = [[int(seg.get("address", 0)), int(seg.get("total_size", 0))] for seg in own]
+    return active, segments
 
 
 def _forward_code(module: torch.nn.Module) -> str | None:

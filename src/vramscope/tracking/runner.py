@@ -74,9 +74,9 @@ _PACKAGE = os.path.dirname(os.path.dirname(__file__))
 # (not the workloads and examples it runs, which are the user's code for this purpose)
 _BOOKKEEPING = _folders(os.path.join(_PACKAGE, "tracking"), os.path.join(_PACKAGE, "sources"))
 # code that vramscope's hooks run through without being the user's: torch and the standard
-# library (whose folder holds site-packages, which is not passed through but for torch)
-_PASS_THROUGH = _folders(os.path.dirname(torch.__file__), sysconfig.get_paths()["stdlib"])
+# library (whose folder holds site-packages: the packages there are the user's)
 _TORCH = _folders(os.path.dirname(torch.__file__))
+_STDLIB = _folders(sysconfig.get_paths()["stdlib"])
 _INSTALLED = _folders(sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
 _RUNNER = {__file__, os.path.realpath(__file__)}
 DEFER_S = 0.002  # a signal that came during vramscope's bookkeeping is sent again this late
@@ -97,9 +97,10 @@ def _in_bookkeeping(frame: FrameType | None) -> bool:
             return False
         if name.startswith(_BOOKKEEPING):
             return True
-        if not name.startswith(_PASS_THROUGH) or (
-            name.startswith(_INSTALLED) and not name.startswith(_TORCH)
-        ):
+        passes = name.startswith(_TORCH) or (
+            name.startswith(_STDLIB) and not name.startswith(_INSTALLED)
+        )
+        if not passes:
             return False
         frame = frame.f_back
     return False
@@ -110,9 +111,9 @@ class StopSignals:
 
     The first signal of a kind raises ``Terminated`` while ``armed`` (the user's code runs;
     one that lands in vramscope's own bookkeeping, a hook called from that code, is sent
-    again a moment later, so that no record is left half-made), and is only noted otherwise (the report is being written: it is finished first); either
-    way that signal's default disposition is restored, so a second one ends the process at
-    once. Handlers are installed before the user's code runs: a script that installs its own
+    again a moment later, so that no record is left half-made), and is only noted
+    otherwise (the report is being written: it is finished first); either way that
+    signal's default disposition is restored, so a second one ends the process at once. Handlers are installed before the user's code runs: a script that installs its own
     replaces them, and its own handling wins. Only the main thread can receive them, so
     elsewhere nothing is installed. The previous handlers come back on exit.
     """
@@ -283,8 +284,8 @@ def measure(
     ``workload`` is a spec (``file.py:fn``, ``example:cnn``…) or a build function.
     An out-of-memory error leaves an OOM report (``report.exit.status == "oom"``).
     ``detail``, ``depth``, ``module_steps``, ``lines_of`` and ``snapshot`` are the
-    Session's attribution options; lines default to the file that defines the workload. ``stops``: installed
-    stop-signal handlers (the CLI's), so that SIGTERM/SIGHUP end the steps with a report;
+    Session's attribution options; lines default to the file that defines the workload.
+    ``stops``: installed stop-signal handlers (the CLI's), so that SIGTERM/SIGHUP end the steps with a report;
     without them a signal does what the program says. ``trust_remote_code``: an ``hf:``
     model may run the code its repository ships.
     """
