@@ -1,13 +1,15 @@
 """Step-time overhead of vramscope's tracking, against an untracked baseline.
 
-Each workload runs in this one process: after warm-up, blocks of steps alternate between
-baseline and tracked (order rotated every round; each tracked block is a fresh
-``vramscope.track()`` session, as a user's run would be), every step timed to a
-``torch.cuda.synchronize()``. The overhead is paired by round: the median, over rounds, of
-a tracked block's median step time over the baseline block's of the same round, less one
-(the device's speed drifts by tens of percent between rounds on short steps; within a round
-it cancels); the cost per step in microseconds is that share of the baseline step. The ratio
-of the pooled medians is kept beside it (``pooled_overhead_pct``). The workloads include short,
+Each workload runs in this one process: after warm-up, each round runs the tracked blocks
+(order rotated; each a fresh ``vramscope.track()`` session, as a user's run would be) each
+between two untracked blocks, every step timed to a ``torch.cuda.synchronize()``. A tracked
+block is set against the mean of the untracked blocks just before and after it (the device's
+speed drifts by tens of percent over seconds on short steps; neighbours share the drift), and
+the overhead is the median of those ratios, less one; the cost per step in microseconds is
+that share of the baseline step. The ratio of the pooled medians is kept beside it
+(``pooled_overhead_pct``). A tracked block's first steps are not kept: a session's first
+steps (its calibration with ``--detail modules``; on short steps, the first steps that the
+default detail reads phase by phase) happen once per run. The workloads include short,
 launch-bound steps (a 10.7M-parameter GPT: 3.5-15 ms a step, one of them compiled), where a
 fixed cost per step or per module call shows most.
 Also prints the cost of one allocator read, vramscope's way and torch.cuda's.
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import vramscope
 from vramscope.sources import allocator, nvml
 from vramscope.tracking.marking import SETTLED
+from vramscope.tracking.phase_reads import FIRST_STEPS as PHASE_FIRST_STEPS
 from vramscope.workload import StepRunner, Workload
 from vramscope.zoo import hf_builder, torchvision_builder
 
@@ -165,14 +168,6 @@ def spread_pct(times: list[float], center: float) -> float:
     return round(100 * (q[-1] - q[0]) / center, 2)
 
 
-def paired_pct(blocks: list[float], base_blocks: list[float]) -> float:
-    """The median over rounds of (this block / the baseline block of the same round - 1),
-    in percent: the blocks of one round run back to back, so a drift of the device's speed
-    between rounds (tens of percent for short steps) cancels."""
-    ratios = [b / a - 1 for a, b in zip(base_blocks, blocks, strict=False) if a > 0]
-    return round(100 * statistics.median(ratios), 2) if ratios else float("nan")
-
-
 SHORT_STEP_S = 0.02  # steps shorter than this: many short blocks, the device's moods average out
 
 
@@ -249,10 +244,57 @@ def _method_context(method: str, name: str):
     raise ValueError(f"unknown method {method!r}; use {', '.join(METHODS)}")
 
 
+def interleave(
+    runner: StepRunner,
+    names: list[str],
+    block: Callable[[str, int], list[float] | None],
+    rounds: int,
+    steps: int,
+    failed: Callable[[str], None] | None = None,
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, str]]:
+    """Untracked blocks and ``block(name, round)`` for each name, in one process: every round
+    runs the names (order rotated) each between two untracked blocks, and a block is set
+    against the mean of those two (the device's speed drifts by tens of percent over seconds
+    on short steps; neighbours share the drift). Returns the step times per name (and
+    ``"base"``), each block's ratio less one per name, and the names whose block raised."""
+    times: dict[str, list[float]] = {"base": []}
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    errors: dict[str, str] = {}
+
+    def base_block() -> float:
+        values = timed_steps(runner, steps, warmup=2)
+        times["base"].extend(values)
+        return statistics.median(values)
+
+    for r in range(rounds):
+        shift = r % len(names)
+        before = base_block()
+        for name in names[shift:] + names[:shift]:
+            if name in errors:
+                continue
+            try:
+                values = block(name, r)
+            except Exception as exc:  # one failing variant must not stop the others
+                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+                if failed is not None:
+                    failed(name)
+                continue
+            if values is None:
+                continue
+            times.setdefault(name, []).extend(values)
+            after = base_block()
+            ratios[name].append(statistics.median(values) / ((before + after) / 2) - 1)
+            before = after
+    return times, ratios, errors
+
+
 def bench_methods(
     name: str, builder: Callable, batch: int, methods: list[str], rounds: int, steps: int
 ) -> dict:
-    """Baseline and each method, interleaved (order rotated per round), in one process."""
+    """Baseline and each method in one process: every round runs the methods (order rotated)
+    each between two baseline blocks, and a method's block is set against the mean of those
+    two (the device's speed drifts by tens of percent over seconds on short steps; its
+    neighbours share the drift)."""
     device = torch.device("cuda")
     w = builder(batch, device)
     runner = StepRunner(w, device)
@@ -260,38 +302,30 @@ def bench_methods(
         runner()
     rounds, planned = block_plan(runner, rounds)
     steps = max(steps, planned)
-    # steps a block runs before it keeps any: every method the same, so blocks are alike;
-    # with --detail modules, a session's first steps and its calibration (marking.py)
-    warmup = SETTLED if "modules" in methods else 1
-    times: dict[str, list[float]] = {"base": []}
-    blocks: dict[str, list[float | None]] = {m: [] for m in ["base", *methods]}
-    errors: dict[str, str] = {}
-    order = ["base", *methods]
-    for r in range(rounds):
-        shift = r % len(order)
-        for method in order[shift:] + order[:shift]:
-            if method in errors:
-                continue
-            slow = method in SLOW_METHODS
-            if slow and r >= 2:
-                continue
-            n = min(steps, 3) if slow else steps
-            try:
-                if method == "base":
-                    values = timed_steps(runner, n, warmup=warmup)
-                    times["base"] += values
-                    blocks["base"].append(statistics.median(values))
-                    continue
-                context, after = _method_context(method, name)
-                with context:
-                    values = timed_steps(runner, n, after, warmup=warmup)
-                times.setdefault(method, []).extend(values)
-                # paired with this round's baseline block (the slow methods' first rounds)
-                blocks[method].append(statistics.median(values))
-            except Exception as exc:  # one failing method must not stop the others
-                errors[method] = f"{type(exc).__name__}: {exc}"[:300]
-                if w.optimizer is not None:
-                    w.optimizer.zero_grad(set_to_none=True)
+    short = statistics.median(timed_steps(runner, 5)) < SHORT_STEP_S
+    # steps a tracked block runs before it keeps any, the same for every method: a session's
+    # first steps (--detail modules: its calibration, marking.py; the default detail on short
+    # steps: the first steps read phase by phase, phase_reads.py) happen once per run
+    warmup = 1
+    if "modules" in methods:
+        warmup = SETTLED
+    if short and "default" in methods:
+        warmup = max(warmup, PHASE_FIRST_STEPS + 2)
+
+    def block(method: str, r: int) -> list[float] | None:
+        if method in SLOW_METHODS and r >= 2:
+            return None
+        context, after = _method_context(method, name)
+        with context:
+            return timed_steps(
+                runner, min(steps, 3) if method in SLOW_METHODS else steps, after, warmup=warmup
+            )
+
+    def failed(method: str) -> None:
+        if w.optimizer is not None:
+            w.optimizer.zero_grad(set_to_none=True)
+
+    times, ratios, errors = interleave(runner, methods, block, rounds, steps, failed)
     base = statistics.median(times["base"])
     result: dict = {
         "workload": name,
@@ -301,6 +335,7 @@ def bench_methods(
         "rounds": rounds,
         "steps_per_block": steps,
         "warmup_steps_per_block": warmup,
+        "pairing": "each method block against the mean of the baseline blocks around it",
         "methods": {},
     }
     for method in methods:
@@ -308,7 +343,7 @@ def bench_methods(
             result["methods"][method] = {"error": errors[method]}
             continue
         t = statistics.median(times[method])
-        paired = paired_pct(blocks[method], blocks["base"])  # type: ignore[arg-type]
+        paired = round(100 * statistics.median(ratios[method]), 2)
         result["methods"][method] = {
             "step_ms": round(t * 1000, 3),
             "overhead_pct": paired,
@@ -322,7 +357,7 @@ def bench_methods(
         result["overhead_pct"] = default["overhead_pct"]
         result["cost_us_per_step"] = default["cost_us_per_step"]
         result["pooled_overhead_pct"] = default["pooled_overhead_pct"]
-    del runner, w
+    runner = w = None  # type: ignore[assignment]  # free the model before the next workload
     torch.cuda.empty_cache()
     return result
 
@@ -387,7 +422,22 @@ def print_targets(method: str, values: dict[str, float]) -> None:
 def merge(paths: list[str], out: str | None) -> None:
     """One table and one results file from several runs of --methods."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
-    by_name = {r["workload"]: r for d in docs for r in d["results"]}
+    by_name: dict[str, dict] = {}
+    for d in docs:  # a later file's methods replace an earlier one's, method by method
+        for r in d["results"]:
+            cells = {
+                m: {
+                    **x,
+                    "measured": d["meta"]["date"],
+                    "step_ms_baseline": r.get("step_ms_baseline"),
+                }
+                for m, x in r.get("methods", {}).items()
+            }
+            earlier = by_name.get(r["workload"], {})
+            by_name[r["workload"]] = {
+                **r,
+                "methods": {**earlier.get("methods", {}), **cells},
+            }
     results = [by_name[name] for name in WORKLOADS if name in by_name]
     methods = list(next((r["methods"] for r in results if "methods" in r), {}))
     meta = dict(docs[0]["meta"])

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import overhead
 import vramscope
 from vramscope.sources.allocator import LEDGER
+from vramscope.tracking.phase_reads import FIRST_STEPS as PHASE_FIRST_STEPS
 from vramscope.workload import StepRunner
 
 VARIANTS = {
@@ -39,7 +40,19 @@ VARIANTS = {
     "no status file": {"status": False},
     "no sampler, no status file": {"interval_s": 1e6, "status": False},
     "no hooks, sampler or status file": {"hooks": False, "interval_s": 1e6, "status": False},
+    "sampler reads nothing": lambda: _sampler_reading(nothing=True),
+    "sampler without host RSS": lambda: _sampler_reading(nothing=False),
 }
+CALLBACKS = (
+    "on_forward_start",
+    "on_backward_start",
+    "on_optimizer_start",
+    "on_optimizer_end",
+    "on_zero_grad",
+    "on_data",
+    "_sample",
+    "_tick",
+)
 # --detail modules taken apart: the allocator's history alone, markers to a depth, backward
 # markers off (a variant is Session keyword arguments, or a function making a context manager)
 MODULE_VARIANTS: dict = {
@@ -74,6 +87,60 @@ def _no_backward_markers():  # type: ignore[no-untyped-def]
         yield
 
 
+@contextlib.contextmanager
+def _sampler_reading(nothing: bool):  # type: ignore[no-untyped-def]
+    """Default tracking with the sampler thread waking as usual but reading nothing (or all
+    but the host's RSS): what the thread's reads cost the user's steps."""
+    session = vramscope.Session()
+    if nothing:
+        session._sample = lambda t: (t - session._t0, None, None, None, None)  # type: ignore[method-assign]
+    else:
+        session._rss_sampler.read = lambda: None  # type: ignore[method-assign]
+    with session:
+        yield
+
+
+def callback_times(runner: StepRunner, steps: int) -> dict:
+    """Wall time spent inside the session's callbacks, per step, on the user's thread (and
+    per sample on the sampler's): what the hooks cost where they run, GIL waits included."""
+    session = vramscope.Session()
+    spent: dict[str, list[int]] = {name: [0, 0] for name in CALLBACKS}
+
+    def timed(name, function):  # type: ignore[no-untyped-def]
+        def call(*args):  # type: ignore[no-untyped-def]
+            start = time.perf_counter_ns()
+            try:
+                return function(*args)
+            finally:
+                entry = spent[name]
+                entry[0] += time.perf_counter_ns() - start
+                entry[1] += 1
+
+        return call
+
+    for name in CALLBACKS:
+        setattr(session, name, timed(name, getattr(session, name)))
+    with session:
+        overhead.timed_steps(runner, PHASE_FIRST_STEPS + 2)
+        for entry in spent.values():
+            entry[0] = entry[1] = 0
+        start = time.perf_counter()
+        overhead.timed_steps(runner, steps)
+        wall = time.perf_counter() - start
+    out = {
+        name: {
+            "calls": n,
+            "us_per_call": round(ns / n / 1e3, 2),
+            "us_per_step": round(ns / steps / 1e3, 2),
+        }
+        for name, (ns, n) in spent.items()
+        if n
+    }
+    out["steps"] = steps
+    out["wall_s"] = round(wall, 3)
+    return out
+
+
 def _variant(spec):  # type: ignore[no-untyped-def]
     return spec() if callable(spec) else vramscope.Session(**spec)
 
@@ -104,31 +171,33 @@ def main() -> None:
     for _ in range(5):
         runner()
     rounds, steps = overhead.block_plan(runner, args.rounds)
-    times: dict[str, list[float]] = {"base": []}
-    blocks: dict[str, list[float]] = {"base": []}  # each block's median step, per round
-    order = ["base", *variants]
-    for r in range(rounds):
-        shift = r % len(order)
-        for name in order[shift:] + order[:shift]:
-            if name == "base":
-                values = overhead.timed_steps(runner, steps)
-            else:
-                with _variant(variants[name]):
-                    values = overhead.timed_steps(runner, steps)
-            times.setdefault(name, []).extend(values)
-            blocks.setdefault(name, []).append(statistics.median(values))
+    # a block's first steps are not kept: a session's first steps read phase by phase
+    warmup = PHASE_FIRST_STEPS + 2
+
+    def block(name: str, r: int) -> list[float]:
+        with _variant(variants[name]):
+            return overhead.timed_steps(runner, steps, warmup=warmup)
+
+    times, ratios, _errors = overhead.interleave(runner, list(variants), block, rounds, steps)
     base = statistics.median(times["base"])
     result: dict = {"workload": args.workload, "step_ms": round(base * 1e3, 3), "variants": {}}
-    print(f"{args.workload}: base {base * 1e3:.3f} ms/step (overhead paired by round)")
+    print(f"{args.workload}: base {base * 1e3:.3f} ms/step (against the untracked blocks around)")
     for name in variants:
-        # paired with the same round's untracked block: the device's drift between rounds cancels
-        pct = overhead.paired_pct(blocks[name], blocks["base"])
+        # against the untracked blocks around it: the device's drift cancels
+        pct = round(100 * statistics.median(ratios[name]), 2)
         result["variants"][name] = {
             "overhead_pct": pct,
             "cost_us_per_step": round(base * pct * 1e4, 1),
             "pooled_cost_us_per_step": round((statistics.median(times[name]) - base) * 1e6, 1),
         }
         print(f"  {name:34s} {base * pct * 1e4:8.1f} µs/step  ({pct:+.2f}%)")
+    timings = callback_times(runner, max(200, steps * 10))
+    result["callbacks"] = timings
+    for name, entry in timings.items():
+        if isinstance(entry, dict):
+            print(
+                f"  in {name:31s} {entry['us_per_step']:8.1f} µs/step  ({entry['calls']} calls, {entry['us_per_call']} µs each)"
+            )
     index = torch.cuda.current_device()
     costs = {
         "_cuda_memoryStats": call_cost(lambda: torch._C._cuda_memoryStats(index)),

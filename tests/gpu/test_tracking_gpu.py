@@ -39,6 +39,41 @@ def test_phase_peaks_equal_max_memory_allocated_windows() -> None:
     assert report.peak.allocated_bytes == max(expected.values())
 
 
+def test_steps_read_on_a_schedule_keep_every_peak_exact() -> None:
+    """``phase_steps=4``: after the first 16 steps, 1 step in 4 reads at its phase boundaries;
+    the others are folded into the read step before them. Each record's peak is the highest
+    max_memory_allocated of its steps, and a peak inside unread steps is exact and said."""
+    device = torch.device("cuda")
+    w = build_gpt(8, device)
+    runner = StepRunner(w, device)
+    for _ in range(2):
+        runner()
+    peaks = []
+    with vramscope.track(phase_steps=4) as session:
+        for i in range(48):
+            torch.cuda.reset_peak_memory_stats()
+            extra = torch.empty(256 * 2**20, dtype=torch.uint8, device=device) if i == 21 else None
+            runner()
+            del extra
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated())
+    report = session.report()
+    steps = report.steps
+    assert sum(s.count for s in steps) == 48 and len(steps) < 48
+    for s in steps:
+        last = s.last_index if s.last_index is not None else s.index
+        assert s.peak_allocated_bytes == max(peaks[s.index : last + 1]), (s.index, last)
+    assert report.peak.allocated_bytes == max(peaks) == peaks[21]
+    assert report.peak.phase is None and 20 <= report.peak.step <= 22
+    assert report.extra["phase_reads"]["interval"] == 4
+    notes = " ".join(report.extra["tracking_notes"])
+    assert "phases were read on 1 step in 4" in notes
+    assert "the run's peak was reached in steps 20-22" in notes
+    # read phase by phase again after it: one record per step
+    assert {s.index for s in steps if s.count == 1} >= set(range(24, 40))
+    assert all(s.micro_batches == 1 for s in steps)
+
+
 def test_reconciliation_sums_exactly() -> None:
     report = vramscope.measure("example:gpt", batch_size=8, steps=3)
     end = next(r for r in report.reconciliation if r.moment == "end")

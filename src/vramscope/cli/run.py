@@ -44,6 +44,17 @@ def detail_options(func):
                 "runs in the marked steps.",
             ),
             click.option(
+                "--phase-steps",
+                "phase_steps",
+                default="auto",
+                show_default=True,
+                metavar="auto|all|N",
+                help="On CUDA, the steps that read the allocator at every phase boundary. auto: "
+                "every step while the reads cost under 0.25% of a step, else the first 16 and "
+                "1 in N; the steps between read nothing and are folded into the read step "
+                "before them, whose peak includes theirs exactly. all: every step.",
+            ),
+            click.option(
                 "--lines-of",
                 "lines_of",
                 multiple=True,
@@ -126,6 +137,7 @@ def command(
     detail: str,
     depth: int,
     module_steps: str,
+    phase_steps: str,
     lines_of: tuple[str, ...],
     snapshot_path: str | None,
     nproc: int | None,
@@ -178,6 +190,7 @@ def command(
         detail=detail,
         depth=depth,
         module_steps=module_steps,
+        phase_steps=phase_steps,
         lines_of=list(lines_of) or [script],
         snapshot=snapshot_path,
     )
@@ -219,6 +232,7 @@ def _run_options(params: dict[str, Any]) -> list[str]:
         "detail": "--detail",
         "depth": "--depth",
         "module_steps": "--module-steps",
+        "phase_steps": "--phase-steps",
         "snapshot_path": "--snapshot",
         "gather_timeout": "--gather-timeout",
         "gather_via": "--gather-via",

@@ -124,6 +124,8 @@ def assemble_report(session: Session) -> Report:
     notes = _tracking_notes(session)
     if notes:
         report.extra["tracking_notes"] = notes
+    if session._phase_reads is not None and session._device_index is not None:
+        report.extra["phase_reads"] = session._phase_reads.summary()
     report.extra["sampler"] = {
         "interval_s": session._interval_s,
         "effective_interval_s": session._sampler.effective_interval_s if session._sampler else None,
@@ -151,6 +153,8 @@ def _pools_from_attribution(session: Session) -> dict[str, int] | None:
 
 
 def _tracking_notes(session: Session) -> list[str]:
+    from vramscope.tracking.phase_reads import COST_SHARE, FIRST_STEPS
+
     notes = list(session._notes)
     if session._unseen_forwards:
         notes.append(
@@ -164,7 +168,25 @@ def _tracking_notes(session: Session) -> list[str]:
             f"the timeline keeps its first {len(session._markers)} step and epoch markers; "
             f"{session._dropped_markers} later ones were dropped"
         )
-    if session._steps.total > len(session._steps):
+    schedule = session._phase_reads
+    unread = schedule.unread_steps if schedule is not None else 0
+    if unread and session._device_index is not None:
+        notes.append(
+            f"short steps: after the first {FIRST_STEPS}, phases were read on 1 step in "
+            f"{schedule.interval} (vramscope's reads would have cost more than "
+            f"{COST_SHARE:.2%} of each step); the {unread} steps between read nothing and are "
+            "folded into the read step before them, whose peak includes theirs exactly "
+            "(count, last_index; --phase-steps all reads every step)"
+        )
+    if session._span_peak is not None:
+        first, last = session._span_peak
+        where = f"step {first}" if first == last else f"steps {first}-{last}"
+        notes.append(
+            f"the run's peak was reached in {where}, which read nothing phase by phase: its "
+            "bytes are exact, its phase is not known; the steps after it were read phase "
+            "by phase again"
+        )
+    if session._steps.total > len(session._steps) + unread:
         notes.append(
             f"a long run: its {session._steps.total} steps are kept as {len(session._steps)} "
             "entries, later neighbours merged in pairs with their highest peaks (count, "
@@ -220,11 +242,16 @@ def _step_stats(session: Session, record: StepRecord, samples: list[tuple]) -> S
     phases = sorted(record.phases.values(), key=lambda p: phase_key(p.name))
     peaks = [p.peak_allocated_bytes for p in phases if p.peak_allocated_bytes is not None]
     reserved = [p.peak_reserved_bytes for p in phases if p.peak_reserved_bytes is not None]
+    if record.unread_peak_allocated is not None:  # steps folded in that read nothing
+        peaks.append(record.unread_peak_allocated)
+    if record.unread_peak_reserved is not None:
+        reserved.append(record.unread_peak_reserved)
     return StepStats(
         index=record.index,
         epoch=record.epoch,
         mode="train" if record.backwards else "eval",
-        micro_batches=record.backwards or record.forwards,
+        # per step: a record can stand for several steps
+        micro_batches=round((record.backwards or record.forwards) / max(1, record.count)),
         peak_allocated_bytes=max(peaks) if peaks else None,
         peak_reserved_bytes=max(reserved) if reserved else None,
         start_allocated_bytes=record.start_allocated,

@@ -41,15 +41,16 @@ PAIRS = 8  # "auto": marked steps (each against its unmarked neighbours) the cos
 POLICIES = ("auto", "all")
 
 
-def check_policy(policy: str | int) -> str | int:
-    """``"auto"``, ``"all"`` or a whole number of steps ≥ 1 (also given as text)."""
+def check_policy(policy: str | int, what: str = "module steps") -> str | int:
+    """``"auto"``, ``"all"`` or a whole number of steps ≥ 1 (also given as text); ``what``
+    names the option in the error."""
     if isinstance(policy, str) and policy.strip().isdigit():
         policy = int(policy.strip())
     if isinstance(policy, bool) or not (
         policy in POLICIES or (isinstance(policy, int) and policy >= 1)
     ):
         raise VramscopeError(
-            f"module steps must be auto, all or a number of steps (1 or more), not {policy!r}"
+            f"{what} must be auto, all or a number of steps (1 or more), not {policy!r}"
         )
     return policy
 

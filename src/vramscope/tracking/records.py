@@ -9,7 +9,7 @@ from vramscope.report.aggregate import merge_phase
 from vramscope.report.model import PhaseStats
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRecord:
     """A step being recorded (mutable); becomes a report StepStats when finished.
 
@@ -32,6 +32,13 @@ class StepRecord:
     phases: dict[str, PhaseStats] = field(default_factory=dict)
     count: int = 1
     last_index: int | None = None
+    # False: the step read nothing at its phase boundaries (phase_reads.py); the read that
+    # closed it gave the highest point of it and the unread steps before it as a whole
+    reads: bool = True
+    unread_peak_allocated: int | None = None
+    unread_peak_reserved: int | None = None
+    # an unread step's phases: name -> [occurrences, seconds] (no PhaseStats per step)
+    phase_times: dict[str, list[float]] = field(default_factory=dict)
 
 
 def _fold_phases(into: dict[str, PhaseStats], phases: dict[str, PhaseStats]) -> None:
@@ -57,9 +64,23 @@ def _merge_records(a: StepRecord, b: StepRecord) -> StepRecord:
     return merged
 
 
+def add_phase_times(
+    phases: dict[str, PhaseStats], times: dict[str, list[float]], step: int
+) -> None:
+    """Count an unread step's phase occurrences and times into ``phases``."""
+    for name, (count, seconds) in times.items():
+        stats = phases.get(name)
+        if stats is None:
+            stats = phases[name] = PhaseStats(name=name, count=0, step=step)
+        stats.count += int(count)
+        stats.duration_s += seconds
+
+
 def _absorb(into: StepRecord, record: StepRecord) -> None:
     """Fold ``record`` (the next step) into ``into`` in place: peaks kept, counts summed."""
     _fold_phases(into.phases, record.phases)
+    if record.phase_times:
+        add_phase_times(into.phases, record.phase_times, record.index)
     into.end_s = record.end_s
     into.end_allocated = record.end_allocated
     into.forwards += record.forwards
@@ -68,6 +89,11 @@ def _absorb(into: StepRecord, record: StepRecord) -> None:
     into.grad_forward = into.grad_forward or record.grad_forward
     into.count += record.count
     into.last_index = record.last_index if record.last_index is not None else record.index
+    into.reads = into.reads and record.reads
+    for name in ("unread_peak_allocated", "unread_peak_reserved"):
+        theirs = getattr(record, name)
+        if theirs is not None:
+            setattr(into, name, max(getattr(into, name) or 0, theirs))
 
 
 class StepHistory:
@@ -104,6 +130,22 @@ class StepHistory:
         if self._pending is not None and self._pending.count >= self.stride:
             self._store(self._pending)
             self._pending = None
+
+    def fold_into_last(self, record: StepRecord, keep: StepRecord | None = None) -> None:
+        """Fold ``record`` (a step that read nothing) into the last record kept; a record
+        that is ``keep`` (the session holds it for the peak) is replaced by a folded copy."""
+        self.total += record.count
+        if self._pending is not None:
+            if self._pending is keep:
+                self._pending = _merge_records(self._pending, record)
+            else:
+                _absorb(self._pending, record)
+            return
+        last = self.records[-1]
+        if last is keep:
+            self.records[-1] = _merge_records(last, record)
+        else:
+            _absorb(last, record)
 
     def _store(self, record: StepRecord) -> None:
         self.records.append(record)
@@ -144,7 +186,7 @@ class StepHistory:
         return self.records[-1] if self.records else None
 
 
-@dataclass
+@dataclass(slots=True)
 class PhaseRecord:
     name: str
     start_s: float

@@ -278,13 +278,14 @@ def measure(
     stops: StopSignals | None = None,
     module_steps: str | int = "auto",
     trust_remote_code: bool = False,
+    phase_steps: str | int = "auto",
 ) -> Report:
     """Build a workload and measure ``steps`` real steps, the first included.
 
     ``workload`` is a spec (``file.py:fn``, ``example:cnn``…) or a build function.
     An out-of-memory error leaves an OOM report (``report.exit.status == "oom"``).
     ``detail``, ``depth``, ``module_steps``, ``lines_of`` and ``snapshot`` are the
-    Session's attribution options; lines default to the file that defines the workload.
+    Session's attribution options (``phase_steps``: the steps read phase by phase on CUDA); lines default to the file that defines the workload.
     ``stops``: installed stop-signal handlers (the CLI's), so that SIGTERM/SIGHUP end the steps with a report;
     without them a signal does what the program says. ``trust_remote_code``: an ``hf:``
     model may run the code its repository ships.
@@ -310,6 +311,7 @@ def measure(
         detail=detail,
         depth=depth,
         module_steps=module_steps,
+        phase_steps=phase_steps,
         lines_of=lines_of or ([_source_file(spec.builder)] if detail == "lines" else None),
         snapshot=snapshot,
     )

@@ -29,7 +29,8 @@ from vramscope.sources.allocator import LEDGER, AllocatorReading
 from vramscope.sources.host import ProcessTreeRss
 from vramscope.tracking.categories import ObjectCategories
 from vramscope.tracking.hooks import GlobalHooks
-from vramscope.tracking.records import PhaseRecord, StepHistory, StepRecord
+from vramscope.tracking.phase_reads import ReadSchedule, check_phase_policy
+from vramscope.tracking.records import PhaseRecord, StepHistory, StepRecord, add_phase_times
 from vramscope.tracking.sampler import Sample, Sampler
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,6 +67,7 @@ class Session:
         lines_of: list[Any] | None = None,
         snapshot: str | None = None,
         module_steps: str | int = "auto",
+        phase_steps: str | int = "auto",
     ) -> None:
         # -- attribution: detail="modules"/"lines", see tracking/attribution.py --
         from vramscope.tracking.attribution import check_detail
@@ -80,6 +82,14 @@ class Session:
             "module_steps": check_policy(module_steps),
         }
         # -- end attribution --
+        self._phase_policy = check_phase_policy(phase_steps)
+        # on CUDA, which steps read the allocator at each phase boundary (phase_reads.py);
+        # None: every step (the CPU, or a detail whose markers need every phase)
+        self._phase_reads: ReadSchedule | None = None
+        self._step_reads = True  # whether the open step reads at its boundaries
+        self._boundary_cost = 0.0  # vramscope's time at the open step's boundaries
+        self._span_start: int | None = None  # first step of the unread steps now running
+        self._span_peak: tuple[int, int] | None = None  # unread steps that held the run's peak
         self.name = name
         self.workload_info = dict(workload or {})
         self.detail = detail
@@ -183,6 +193,8 @@ class Session:
             from vramscope.tracking.attribution import start_recorder
 
             self._attribution = start_recorder(self)
+        if self._attribution is None and self._phase_policy != "all":
+            self._phase_reads = ReadSchedule(self._phase_policy)
         if self._use_status:
             self._status = _open_status(self)
         self._sampler = Sampler(
@@ -227,11 +239,7 @@ class Session:
         self._explicit_steps = True
         if not self._running:
             return
-        now = time.perf_counter()
-        light = self._read_light(reset=True)
-        self._close_phase(now, light)
-        self._finish_step(now, light)
-        self._begin_step(now, light)
+        self._boundary(time.perf_counter(), starting=True)
 
     def epoch(self) -> None:
         """Mark the end of an epoch; the next step belongs to the next epoch."""
@@ -435,22 +443,75 @@ class Session:
         if not self._running:
             return
         now = time.perf_counter()
-        light = self._read_light(reset=True)
-        self._close_phase(now, light)
-        if self._step is None or new_step or self._force_new_step:
-            self._finish_step(now, light)
-            self._begin_step(now, light)
+        starting = self._step is None or new_step or self._force_new_step
+        if not starting and not self._step_reads:  # inside a step that reads nothing
+            phase = self._phase
+            if phase is not None:
+                self._time_unread(self._step, phase, now)  # type: ignore[arg-type]
+            self._phase = PhaseRecord(name, now, None)
+            return
+        light = self._boundary(now, starting)
         self._phase = PhaseRecord(name, now, light[0] if light is not None else None)
         if self._attribution is not None:  # attribution: a phase marker
             self._attribution.on_phase(name)
+        self._boundary_cost += time.perf_counter() - now
+
+    def _boundary(self, now: float, starting: bool) -> _Light | None:
+        """Close the open phase (and, ``starting``, the step); the allocator is read where
+        the open step reads, or the next one will (its first boundary closes what came
+        before it)."""
+        reads = self._step_reads
+        next_reads = True
+        schedule = self._phase_reads
+        if starting and schedule is not None and self._device_index is not None:
+            force = self._force_new_step or self._step is None
+            next_reads = schedule.begin(now, self._boundary_cost, force)
+            self._boundary_cost = 0.0
+            reads = reads or next_reads
+        light = self._read_light(reset=True) if reads or self._step is None else None
+        self._close_phase(now, light)
+        if starting:
+            self._finish_step(now, light)
+            self._begin_step(now, light, next_reads)
+        return light
 
     def _close_phase(self, now: float, light: _Light | None) -> None:
         phase, step = self._phase, self._step
         self._phase = None
         if phase is None or step is None:
             if light is not None:  # before the first phase: still part of the run's peak
-                self._peak_outside_phases(light)
+                self._peak_without_phase(light, None)
             return
+        name = phase.name
+        if step.reads:
+            self._close_read_phase(step, phase, now, light)
+        else:
+            if light is not None:  # the read that ends the unread steps
+                self._peak_without_phase(light, step)
+            self._time_unread(step, phase, now)
+            return
+        self._band(name, step.index, phase.start_s, now)
+
+    def _time_unread(self, step: StepRecord, phase: PhaseRecord, now: float) -> None:
+        """A phase of an unread step ends: its occurrence and time, no PhaseStats."""
+        times = step.phase_times.get(phase.name)
+        if times is None:
+            step.phase_times[phase.name] = [1, now - phase.start_s]
+        else:
+            times[0] += 1
+            times[1] += now - phase.start_s
+        self._band(phase.name, step.index, phase.start_s, now)
+
+    def _band(self, name: str, step: int, start: float, end: float) -> None:
+        if len(self._phase_bands) < MAX_PHASE_BANDS:
+            self._phase_bands.append((name, step, start - self._t0, end - self._t0))
+        else:
+            self._dropped_bands += 1
+
+    def _close_read_phase(
+        self, step: StepRecord, phase: PhaseRecord, now: float, light: _Light | None
+    ) -> None:
+        """A phase of a step that reads: its occurrence, time and exact peaks."""
         name = phase.name
         stats = step.phases.get(name)
         if stats is None:
@@ -490,12 +551,10 @@ class Session:
                 self._peak_close = allocator.reading_from_stats(raw)
                 self._peak_where = (step.index, name)
                 self._peak_record = step
-        if len(self._phase_bands) < MAX_PHASE_BANDS:
-            self._phase_bands.append((name, step.index, phase.start_s - self._t0, now - self._t0))
-        else:
-            self._dropped_bands += 1
 
-    def _peak_outside_phases(self, light: _Light) -> None:
+    def _peak_without_phase(self, light: _Light, step: StepRecord | None) -> None:
+        """A read whose peak no phase owns: before the first phase (``step`` None), or the
+        whole of the unread steps that end with ``step`` (see phase_reads.py)."""
         _allocated, peak_allocated, peak_reserved, raw = light
         peak_allocated = max(peak_allocated, self._carry_allocated)
         peak_reserved = max(peak_reserved, self._carry_reserved)
@@ -503,11 +562,19 @@ class Session:
         self._window_allocated = max(self._window_allocated, peak_allocated)
         self._window_reserved = max(self._window_reserved, peak_reserved)
         self._peak_reserved = max(self._peak_reserved, peak_reserved)
+        if step is not None:
+            step.unread_peak_allocated = max(step.unread_peak_allocated or 0, peak_allocated)
+            step.unread_peak_reserved = max(step.unread_peak_reserved or 0, peak_reserved)
         if peak_allocated > self._peak_allocated:
             self._peak_allocated = peak_allocated
             self._peak_close = allocator.reading_from_stats(raw)
-            self._peak_where = (None, None)
-            self._peak_record = None
+            self._peak_where = (step.index if step is not None else None, None)
+            self._peak_record = step
+            if step is not None:
+                first = self._span_start if self._span_start is not None else step.index
+                self._span_peak = (first, step.index)
+                if self._phase_reads is not None:  # read it phase by phase if it comes again
+                    self._phase_reads.again()
 
     def _finish_step(self, now: float, light: _Light | None) -> None:
         step = self._step
@@ -525,22 +592,41 @@ class Session:
         ):
             if self._attribution is not None:
                 self._attribution.schedule.forget(step.index)
+            if self._phase_reads is not None and self._device_index is not None:
+                self._phase_reads.forget(step.reads)
             return  # only data loading (the loader's last, empty fetch) or nothing
+        if not step.reads:
+            last = self._steps.last
+            if last is not None and _same_kind(last, step):
+                self._steps.fold_into_last(step, keep=self._peak_record)
+                if step.forwards and self._hooks is not None:
+                    self._hooks.on_step_boundary()
+                return
+            if self._phase_reads is not None:  # a step of another kind: read the next one
+                self._phase_reads.again(1)
+            add_phase_times(step.phases, step.phase_times, step.index)
+            step.phase_times = {}
         self._steps.append(step)
         if step.forwards and self._hooks is not None:
             self._hooks.on_step_boundary()
 
-    def _begin_step(self, now: float, light: _Light | None) -> None:
+    def _begin_step(self, now: float, light: _Light | None, reads: bool = True) -> None:
         self._force_new_step = False
         index = 0
         last = self._steps.last
         if last is not None:
             index = (last.last_index if last.last_index is not None else last.index) + 1
+        if not reads and self._step_reads:
+            self._span_start = index
+            if self._phase_reads is not None and self._phase_reads.first_unread is None:
+                self._phase_reads.first_unread = index
+        self._step_reads = reads
         self._step = StepRecord(
             index=index,
             epoch=self._epoch,
             start_s=now,
-            start_allocated=light[0] if light is not None else None,
+            start_allocated=light[0] if light is not None and reads else None,
+            reads=reads,
         )
         self._marker({"kind": "step", "index": index, "t": now - self._t0})
         if self._attribution is not None:  # attribution: a step marker
@@ -764,6 +850,16 @@ class Session:
         return self._report
 
 
+def _same_kind(record: StepRecord, step: StepRecord) -> bool:
+    """Whether an unread step can be folded into the record before it: same epoch, and a
+    training step with a training step (an evaluation with an evaluation)."""
+    return (
+        record.epoch == step.epoch
+        and bool(record.backwards) == bool(step.backwards)
+        and record.saw_optimizer == step.saw_optimizer
+    )
+
+
 def _module_in_traceback(exc: BaseException, models: list[torch.nn.Module]) -> str | None:
     """The innermost module whose ``forward`` the error came through, by its dotted name."""
     module = None
@@ -808,6 +904,7 @@ def track(
     lines_of: list[Any] | None = None,
     snapshot: str | None = None,
     module_steps: str | int = "auto",
+    phase_steps: str | int = "auto",
 ) -> Session:
     """Track the memory of a block of code: ``with vramscope.track() as session: ...``.
 
@@ -815,7 +912,9 @@ def track(
     (``module_steps``: ``"auto"``, ``"all"`` or N, the steps that place module markers, see
     :mod:`vramscope.tracking.marking`);
     ``detail="lines"`` also line tables of ``lines_of`` (functions, files or names);
-    ``snapshot`` writes a memory_viz snapshot when the report is made.
+    ``snapshot`` writes a memory_viz snapshot when the report is made. ``phase_steps``
+    (``"auto"``, ``"all"`` or N): on CUDA, the steps read phase by phase, see
+    :mod:`vramscope.tracking.phase_reads`.
     """
     return Session(
         device=device,
@@ -826,6 +925,7 @@ def track(
         lines_of=lines_of,
         snapshot=snapshot,
         module_steps=module_steps,
+        phase_steps=phase_steps,
     )
 
 

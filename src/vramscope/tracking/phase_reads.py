@@ -1,0 +1,114 @@
+"""Which steps read the allocator at every phase boundary (the default detail, on CUDA).
+
+A phase's exact peak takes one read of the allocator's counters, and a reset of their peaks,
+at each phase boundary: about 15 µs in a tight loop, 75-110 µs with the bookkeeping around it
+inside a real launch-bound step (measured on an NVIDIA H200 host). On a step of 100 ms that
+is nothing; on a step of 3-15 ms (a batch-1 inference, a small GPT) it was 2-5 % of the step.
+The steps of a loop repeat, so on CUDA:
+
+- ``"all"``: every step is read phase by phase;
+- an integer N: the first ``FIRST_STEPS`` steps, then every N-th;
+- ``"auto"`` (the default): the first ``FIRST_STEPS`` steps, then every step while the reads
+  take at most ``COST_SHARE`` of a step, else 1 step in N, N chosen so that they take that
+  share on average. The share is vramscope's own time at the step's phase boundaries over the
+  rest of the step, the median of the last ``SHARES`` read steps.
+
+A step between two read steps reads nothing. The allocator's peak counters are then not reset
+until the next read, at the first boundary of the next read step, so that read returns the
+exact highest point of all the steps in between. The session folds those steps into the read
+step before them: the record stands for all of them, its phases keep the read step's peaks,
+and its own peak is the exact highest of all. If the steps in between went above the run's
+peak so far, every step is read again for ``FIRST_STEPS`` steps, and the report says where
+the peak was. A new pass over the data (an epoch, an evaluation loop) is always read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from vramscope.tracking.marking import check_policy
+
+FIRST_STEPS = 16  # always read phase by phase: the first steps differ (optimizer state, caches)
+COST_SHARE = 0.0025  # "auto": what the reads may take of a step, on average
+MAX_INTERVAL = 64
+SHARES = 8  # "auto": read steps whose cost share decides the spacing
+
+
+def check_phase_policy(policy: str | int) -> str | int:
+    """``"auto"``, ``"all"`` or a whole number of steps ≥ 1 (also given as text)."""
+    return check_policy(policy, "phase steps")
+
+
+class ReadSchedule:
+    """Says, as each step begins, whether it reads the allocator at its phase boundaries."""
+
+    def __init__(self, policy: str | int = "auto") -> None:
+        self.policy = check_phase_policy(policy)
+        self.interval = policy if isinstance(policy, int) else 1
+        self._shares: deque[float] = deque(maxlen=SHARES)
+        self._open: tuple[float, bool] | None = None  # (start, read) of the open step
+        self._count = 0  # steps begun
+        self._since_read = 0
+        self._again = FIRST_STEPS  # steps still read whatever the spacing
+        self.read_steps = 0
+        self.unread_steps = 0
+        self.first_unread: int | None = None  # index of the first step not read (the session's)
+
+    def begin(self, now: float, cost_s: float, force: bool = False) -> bool:
+        """A step begins at ``now``; the step before took ``cost_s`` of vramscope's time at
+        its boundaries. ``force``: a step that must be read (the first, a new pass)."""
+        if self._open is not None:
+            start, read = self._open
+            rest = now - start - cost_s
+            if read and rest > 0 and self._count > 2:  # the first steps warm up
+                self._shares.append(cost_s / rest)
+                self._update_interval()
+        read = self._decide(force)
+        self._open = (now, read)
+        self._count += 1
+        if read:
+            self.read_steps += 1
+            self._since_read = 0
+        else:
+            self.unread_steps += 1
+            self._since_read += 1
+        return read
+
+    def again(self, steps: int = FIRST_STEPS) -> None:
+        """Read every step from now on for ``steps`` steps (something changed)."""
+        self._again = max(self._again, steps)
+
+    def forget(self, read: bool) -> None:
+        """The step just begun turned out empty: not one of the run's steps."""
+        self._count = max(0, self._count - 1)
+        if read:
+            self.read_steps = max(0, self.read_steps - 1)
+        else:
+            self.unread_steps = max(0, self.unread_steps - 1)
+
+    def _decide(self, force: bool) -> bool:
+        if self._again > 0:
+            self._again -= 1
+            return True
+        if force or self.policy == "all":
+            return True
+        return self._since_read + 1 >= self.interval
+
+    def _update_interval(self) -> None:
+        if self.policy != "auto" or not self._shares:
+            return
+        shares = sorted(self._shares)
+        share = shares[len(shares) // 2]  # the median (the upper one of an even count)
+        self.interval = max(1, min(MAX_INTERVAL, math.ceil(share / COST_SHARE - 1e-9)))
+
+    def summary(self) -> dict[str, object]:
+        """What the report says about the schedule."""
+        return {
+            "policy": self.policy,
+            "interval": self.interval,
+            "steps": self._count,
+            "read_steps": self.read_steps,
+            "unread_steps": self.unread_steps,
+            "first_unread_step": self.first_unread,
+        }
