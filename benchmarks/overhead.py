@@ -317,9 +317,15 @@ def bench_methods(
             return None
         context, after = _method_context(method, name)
         with context:
-            return timed_steps(
+            values = timed_steps(
                 runner, min(steps, 3) if method in SLOW_METHODS else steps, after, warmup=warmup
             )
+        schedule = getattr(context, "_phase_reads", None)
+        if schedule is not None:  # the last block's: which steps read phase by phase
+            phase_reads[method] = schedule.summary()
+        return values
+
+    phase_reads: dict[str, dict] = {}
 
     def failed(method: str) -> None:
         if w.optimizer is not None:
@@ -351,6 +357,8 @@ def bench_methods(
             "pooled_overhead_pct": round(100 * (t - base) / base, 2),
             "steps": len(times[method]),
         }
+        if method in phase_reads:
+            result["methods"][method]["phase_reads"] = phase_reads[method]
     default = result["methods"].get("default", {})
     if "step_ms" in default:  # the keys of the default comparison, kept
         result["step_ms_tracked"] = default["step_ms"]

@@ -35,13 +35,12 @@ from vramscope.workload import StepRunner
 
 VARIANTS = {
     "default": {},
+    "phase reads every step": {"phase_steps": "all"},
+    "hooks, callbacks do nothing": lambda: _callbacks_off(transitions_only=False),
+    "hooks and callbacks, no phase bookkeeping": lambda: _callbacks_off(transitions_only=True),
     "no hooks": {"hooks": False},
-    "no sampler": {"interval_s": 1e6},
-    "no status file": {"status": False},
     "no sampler, no status file": {"interval_s": 1e6, "status": False},
-    "no hooks, sampler or status file": {"hooks": False, "interval_s": 1e6, "status": False},
     "sampler reads nothing": lambda: _sampler_reading(nothing=True),
-    "sampler without host RSS": lambda: _sampler_reading(nothing=False),
 }
 CALLBACKS = (
     "on_forward_start",
@@ -84,6 +83,20 @@ def _no_backward_markers():  # type: ignore[no-untyped-def]
         recorder = session._attribution
         if recorder is not None:
             recorder.backward_depth = 0
+        yield
+
+
+@contextlib.contextmanager
+def _callbacks_off(transitions_only: bool):  # type: ignore[no-untyped-def]
+    """Default tracking with the session's hook callbacks (or only its phase and step
+    bookkeeping) doing nothing: what the hooks' own machinery costs."""
+    session = vramscope.Session()
+    if transitions_only:
+        session._transition = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    else:
+        for name in CALLBACKS[:6]:
+            setattr(session, name, lambda *args, **kwargs: None)
+    with session:
         yield
 
 
@@ -138,6 +151,8 @@ def callback_times(runner: StepRunner, steps: int) -> dict:
     }
     out["steps"] = steps
     out["wall_s"] = round(wall, 3)
+    if session._phase_reads is not None:
+        out["phase_reads"] = session._phase_reads.summary()
     return out
 
 
@@ -193,8 +208,9 @@ def main() -> None:
         print(f"  {name:34s} {base * pct * 1e4:8.1f} µs/step  ({pct:+.2f}%)")
     timings = callback_times(runner, max(200, steps * 10))
     result["callbacks"] = timings
+    print(f"  phase reads: {timings.get('phase_reads')}")
     for name, entry in timings.items():
-        if isinstance(entry, dict):
+        if isinstance(entry, dict) and "calls" in entry:
             print(
                 f"  in {name:31s} {entry['us_per_step']:8.1f} µs/step  ({entry['calls']} calls, {entry['us_per_call']} µs each)"
             )
