@@ -450,22 +450,67 @@ class Session:
                 self._time_unread(self._step, phase, now)  # type: ignore[arg-type]
             self._phase = PhaseRecord(name, now, None)
             return
-        light = self._boundary(now, starting)
+        decided = None
+        if starting and not self._step_reads and not self._force_new_step:
+            # an unread step ends: when the next one reads nothing either, it goes on in the
+            # same record (the few lines a launch-bound step can afford)
+            decided = self._phase_reads.begin(now, 0.0)  # type: ignore[union-attr]
+            if not decided and self._next_unread_step(now):
+                self._phase = PhaseRecord(name, now, None)
+                return
+        light = self._boundary(now, starting, decided)
         self._phase = PhaseRecord(name, now, light[0] if light is not None else None)
         if self._attribution is not None:  # attribution: a phase marker
             self._attribution.on_phase(name)
         self._boundary_cost += time.perf_counter() - now
 
-    def _boundary(self, now: float, starting: bool) -> _Light | None:
+    def _next_unread_step(self, now: float) -> bool:
+        """The open step read nothing and neither will the next: fold the open step's
+        counts into the record before it (its phase times stay in the open record until the
+        unread steps end) and go on in the same record object as the next step. False (and
+        nothing done) where the full bookkeeping is needed."""
+        step, last = self._step, self._steps.last
+        if (
+            step is None
+            or last is None
+            or last is self._peak_record
+            or not (step.forwards or step.backwards or step.saw_optimizer)
+            or not _same_kind(last, step)
+        ):
+            return False
+        phase = self._phase
+        if phase is not None:
+            self._time_unread(step, phase, now)
+        last.count += 1
+        last.forwards += step.forwards
+        last.backwards += step.backwards
+        last.grad_forward = last.grad_forward or step.grad_forward
+        last.last_index = step.index
+        last.end_s = now
+        last.reads = False
+        self._steps.total += 1
+        step.index += 1
+        step.start_s = now
+        step.forwards = step.backwards = 0
+        step.saw_optimizer = step.grad_forward = False
+        step.forward_modules.clear()
+        self._marker({"kind": "step", "index": step.index, "t": now - self._t0})
+        if self._hooks is not None and self._hooks.discovering:
+            self._hooks.on_step_boundary()
+        return True
+
+    def _boundary(self, now: float, starting: bool, decided: bool | None = None) -> _Light | None:
         """Close the open phase (and, ``starting``, the step); the allocator is read where
         the open step reads, or the next one will (its first boundary closes what came
-        before it)."""
+        before it). ``decided``: whether the next step reads, when already asked."""
         reads = self._step_reads
         next_reads = True
         schedule = self._phase_reads
         if starting and schedule is not None and self._device_index is not None:
-            force = self._force_new_step or self._step is None
-            next_reads = schedule.begin(now, self._boundary_cost, force)
+            if decided is None:
+                force = self._force_new_step or self._step is None
+                decided = schedule.begin(now, self._boundary_cost, force)
+            next_reads = decided
             self._boundary_cost = 0.0
             reads = reads or next_reads
         light = self._read_light(reset=True) if reads or self._step is None else None
@@ -696,7 +741,7 @@ class Session:
             self._attribution.on_root(module)
         step = self._step
         if step is not None:
-            if step.forwards == 0:
+            if step.forwards == 0 and step.reads:
                 step.grads_live_at_start = self._grads_live(module)
             step.forwards += 1
             step.grad_forward = step.grad_forward or grad
