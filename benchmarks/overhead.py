@@ -450,9 +450,18 @@ def merge(paths: list[str], out: str | None) -> None:
     methods = list(next((r["methods"] for r in results if "methods" in r), {}))
     meta = dict(docs[0]["meta"])
     meta["dates"] = sorted({d["meta"]["date"] for d in docs})
+    meta["date"] = meta["dates"][-1]
+    meta["sources"] = [  # later files' cells replace earlier ones', method by method
+        {
+            "file": Path(path).name,
+            "date": d["meta"]["date"],
+            "cells": {r["workload"]: sorted(r.get("methods", {})) for r in d["results"]},
+        }
+        for path, d in zip(paths, docs, strict=True)
+    ]
     print_methods(results, methods, meta)
     if out:
-        doc = {"meta": meta, "read_cost_us": docs[0]["read_cost_us"], "results": results}
+        doc = {"meta": meta, "read_cost_us": docs[-1]["read_cost_us"], "results": results}
         Path(out).write_text(json.dumps(doc, indent=1))
 
 

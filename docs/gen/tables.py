@@ -63,7 +63,10 @@ def measured_on(meta: dict[str, Any]) -> str:
         bits.append(f"driver {meta['driver']}")
     if meta.get("torch"):
         bits.append(f"torch {meta['torch']}")
-    if meta.get("date"):
+    dates = meta.get("dates") or []
+    if len(dates) > 1:  # joined from several runs
+        bits.append(f"{dates[0]} to {dates[-1]}")
+    elif meta.get("date"):
         bits.append(meta["date"])
     return ", ".join(b for b in bits if b)
 

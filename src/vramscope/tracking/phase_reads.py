@@ -103,10 +103,14 @@ class ReadSchedule:
         self.interval = max(1, min(MAX_INTERVAL, math.ceil(share / COST_SHARE - 1e-9)))
 
     def summary(self) -> dict[str, object]:
-        """What the report says about the schedule."""
+        """What the report says about the schedule; ``read_cost_share``: what the reads took of
+        a step, as measured on the read steps (median), spread over the spacing."""
+        shares = sorted(self._shares)
+        share = shares[len(shares) // 2] / self.interval if shares else None
         return {
             "policy": self.policy,
             "interval": self.interval,
+            "read_cost_share": round(share, 6) if share is not None else None,
             "steps": self._count,
             "read_steps": self.read_steps,
             "unread_steps": self.unread_steps,
