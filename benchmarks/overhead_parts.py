@@ -89,13 +89,20 @@ def _no_backward_markers():  # type: ignore[no-untyped-def]
 @contextlib.contextmanager
 def _callbacks_off(transitions_only: bool):  # type: ignore[no-untyped-def]
     """Default tracking with the session's hook callbacks (or only its phase and step
-    bookkeeping) doing nothing: what the hooks' own machinery costs."""
+    bookkeeping) doing nothing but closing the discovery window once the model is found (as
+    the first step's end does): what the hooks' own machinery costs."""
     session = vramscope.Session()
+
+    def close_discovery(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        hooks = session._hooks
+        if hooks is not None and hooks.discovering:
+            hooks.set_discovery(False)
+
     if transitions_only:
-        session._transition = lambda *args, **kwargs: None  # type: ignore[method-assign]
+        session._transition = close_discovery  # type: ignore[method-assign]
     else:
         for name in CALLBACKS[:6]:
-            setattr(session, name, lambda *args, **kwargs: None)
+            setattr(session, name, close_discovery)
     with session:
         yield
 
