@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import torch
+from rich.console import Console
 from torch.nn.modules import module as module_mod
 from torch.optim import optimizer as optimizer_mod
 from torch.utils.data import DataLoader, TensorDataset
 
 import vramscope
 from vramscope.examples import build_gpt
+from vramscope.report import html
+from vramscope.report.terminal import render
 from vramscope.workload import StepRunner
 
 CPU = torch.device("cpu")
@@ -215,6 +218,15 @@ def test_thousands_of_inference_steps_make_a_bounded_report():
     assert sum(s.count for s in report.steps) == 3000
     assert len(report.steps) <= 2048
     assert report.extra["tracking_notes"]  # says the later steps were merged
+    # the tables say which steps an entry stands for
+    console = Console(record=True, width=120)
+    console.print(render(report))
+    text = console.export_text()
+    assert f"Steps (3,000, in {len(report.steps):,} entries)" in text
+    last = report.steps[-1]
+    assert f"{last.index}-{last.last_index}" in text
+    page = html.render(report)
+    assert f"3,000 steps in {len(report.steps):,} entries" in page
 
 
 def test_window_reads_host_memory_without_cuda():

@@ -12,6 +12,28 @@ def phase_key(name: str) -> tuple[int, str]:
     return (PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER), name)
 
 
+def step_label(step: StepStats) -> str:
+    """``12``, or ``12-15`` for an entry that stands for several steps."""
+    last = step.last_index
+    return f"{step.index}-{last}" if last is not None and last != step.index else str(step.index)
+
+
+def holds_step(step: StepStats, index: int | None) -> bool:
+    """Whether step ``index`` is one of the steps this entry stands for."""
+    last = step.last_index if step.last_index is not None else step.index
+    return index is not None and step.index <= index <= last
+
+
+def steps_title(steps: list[StepStats]) -> str:
+    """``Steps (8)``, or ``Steps (130, in 45 entries)`` when entries stand for several."""
+    total = sum(s.count for s in steps)
+    return (
+        f"Steps ({total})"
+        if total == len(steps)
+        else f"Steps ({total:,}, in {len(steps):,} entries)"
+    )
+
+
 def epochs_of(steps: list[StepStats]) -> list[EpochStats]:
     """One row per epoch: its steps, highest peaks, allocated at its end, host RSS, time."""
     epochs: dict[int, EpochStats] = {}

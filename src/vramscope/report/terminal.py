@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vramscope.report import jobtext
+from vramscope.report.aggregate import step_label, steps_title
 from vramscope.report.freeform import mapping as _mapping
 from vramscope.report.freeform import number as _n
 from vramscope.report.freeform import records as _records
@@ -145,14 +146,14 @@ GAP = "⋮"  # steps left out of a long run's table
 
 def _step_table(report: Report) -> RenderableType:
     """Every step's memory; at narrow widths the per-phase peaks move to a second table."""
-    title = f"Steps ({len(report.steps)})"
+    title = steps_title(report.steps)
     cuda = report.peak.allocated_bytes is not None
     epochs = len(report.epochs) > 1
     rows = _pick_steps(report.steps)
     modes = any(s is not None and s.mode != "train" for s in rows)
 
     def row_head(s: StepStats) -> list[str]:
-        return [str(s.index)] + ([str(s.epoch)] if epochs else []) + ([s.mode] if modes else [])
+        return [step_label(s)] + ([str(s.epoch)] if epochs else []) + ([s.mode] if modes else [])
 
     head = ["step"] + (["epoch"] if epochs else []) + (["mode"] if modes else [])
     memory = ["peak alloc", "peak reserved", "alloc at end"] if cuda else []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vramscope.report.aggregate import holds_step, step_label
 from vramscope.report.html import charts
 from vramscope.report.html.blocks import Chart, Section, table
 from vramscope.report.html.charts import (
@@ -110,7 +111,7 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
             rows.append(None)
             classes.append("")
             continue
-        row = [str(s.index)] + ([str(s.epoch)] if epochs else []) + ([s.mode] if modes else [])
+        row = [step_label(s)] + ([str(s.epoch)] if epochs else []) + ([s.mode] if modes else [])
         if gpu:
             change = ""
             if s.end_allocated_bytes is not None and s.start_allocated_bytes is not None:
@@ -128,13 +129,17 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
             ]
         row += [b(s.host_rss_bytes), duration(s.duration_s)]
         rows.append(row)
-        classes.append("hl" if report.peak.step == s.index and gpu else "")
+        classes.append("hl" if holds_step(s, report.peak.step) and gpu else "")
     summary = ""
     if len(steps) > STEP_ROWS_HEAD + STEP_ROWS_TAIL + 1:
         shown = sum(1 for r in rows if r is not None)
-        durations = sorted(s.duration_s for s in steps)
+        durations = sorted(s.duration_s / max(1, s.count) for s in steps)
+        total = sum(s.count for s in steps)
+        counted = f"{total:,} steps" + (
+            "" if total == len(steps) else f" in {len(steps):,} entries"
+        )
         summary = (
-            f"{len(steps):,} steps; {shown} shown (the first, the last and the peak). Median "
+            f"{counted}; {shown} shown (the first, the last and the peak). Median "
             f"step time {duration(durations[len(durations) // 2])}; all steps are in the JSON "
             "and the --csv export."
         )
