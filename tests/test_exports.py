@@ -106,6 +106,7 @@ def test_the_csv_has_a_row_per_step_and_a_column_per_phase(tmp_path):
     assert rows[17]["optimizer_peak_allocated_bytes"] == "107277312"
     assert rows[0]["forward_peak_allocated_bytes"] == "35050496"
     assert {"data_peak_allocated_bytes", "zero_grad_peak_allocated_bytes"} <= set(rows[0])
+    assert rows[0]["count"] == "1" and rows[0]["last_index"] == ""
 
 
 def test_the_csv_leaves_unmeasured_values_empty():

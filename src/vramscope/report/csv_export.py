@@ -1,4 +1,4 @@
-"""The steps of a Report as CSV: one row per step, per-phase peaks as columns."""
+"""The steps of a Report as CSV: one row per step entry, per-phase peaks as columns."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ STEP_COLUMNS = (
     "host_rss_bytes",
     "duration_s",
     "start_s",
+    "count",  # steps the row stands for (a long run's later steps, unread short steps)
+    "last_index",
 )
 
 
