@@ -6,6 +6,7 @@ CPU run, which reads nothing and so keeps every step)."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -51,6 +52,11 @@ def test_the_first_steps_are_read_then_one_in_n_by_what_the_reads_cost():
 
 def test_cheap_reads_read_every_step_and_a_tiny_step_caps_the_spacing():
     assert run(ReadSchedule("auto"), 60, step_s=0.2, cost_s=0.0001) == list(range(60))
+    # reads at 0.4 % of a 50 ms step: every step keeps its entry; at 0.6 %, spaced to 0.25 %
+    assert run(ReadSchedule("auto"), 60, step_s=0.05, cost_s=0.0002) == list(range(60))
+    schedule = ReadSchedule("auto")
+    run(schedule, 60, step_s=0.05, cost_s=0.0003)
+    assert schedule.interval == math.ceil(0.006 / COST_SHARE)
     schedule = ReadSchedule("auto")
     run(schedule, 60, step_s=0.0002, cost_s=0.0002)  # reads double a 0.2 ms step
     assert schedule.interval == MAX_INTERVAL

@@ -153,7 +153,7 @@ def _pools_from_attribution(session: Session) -> dict[str, int] | None:
 
 
 def _tracking_notes(session: Session) -> list[str]:
-    from vramscope.tracking.phase_reads import COST_SHARE, FIRST_STEPS
+    from vramscope.tracking.phase_reads import EVERY_STEP_SHARE, FIRST_STEPS
 
     notes = list(session._notes)
     if session._unseen_forwards:
@@ -174,7 +174,7 @@ def _tracking_notes(session: Session) -> list[str]:
         notes.append(
             f"short steps: after the first {FIRST_STEPS}, phases were read on 1 step in "
             f"{schedule.interval} (vramscope's reads would have cost more than "
-            f"{COST_SHARE:.2%} of each step); the {unread} steps between read nothing and are "
+            f"{EVERY_STEP_SHARE:.1%} of each step); the {unread} steps between read nothing and are "
             "folded into the read step before them, whose peak includes theirs exactly "
             "(count, last_index; --phase-steps all reads every step)"
         )

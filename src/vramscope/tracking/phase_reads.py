@@ -9,9 +9,10 @@ The steps of a loop repeat, so on CUDA:
 - ``"all"``: every step is read phase by phase;
 - an integer N: the first ``FIRST_STEPS`` steps, then every N-th;
 - ``"auto"`` (the default): the first ``FIRST_STEPS`` steps, then every step while the reads
-  take at most ``COST_SHARE`` of a step, else 1 step in N, N chosen so that they take that
-  share on average. The share is vramscope's own time at the step's phase boundaries over the
-  rest of the step, the median of the last ``SHARES`` read steps.
+  take at most ``EVERY_STEP_SHARE`` of a step (an ordinary step of tens of milliseconds keeps
+  one report entry per step), else 1 step in N, N chosen so that they take ``COST_SHARE`` on
+  average. The share is vramscope's own time at the step's phase boundaries over the rest of
+  the step, the median of the last ``SHARES`` read steps.
 
 A step between two read steps reads nothing. The allocator's peak counters are then not reset
 until the next read, at the first boundary of the next read step, so that read returns the
@@ -30,7 +31,8 @@ from collections import deque
 from vramscope.tracking.marking import check_policy
 
 FIRST_STEPS = 16  # always read phase by phase: the first steps differ (optimizer state, caches)
-COST_SHARE = 0.0025  # "auto": what the reads may take of a step, on average
+COST_SHARE = 0.0025  # "auto": what the reads may take of a step on average, once spaced
+EVERY_STEP_SHARE = 0.005  # "auto": up to this share, every step is read
 MAX_INTERVAL = 64
 SHARES = 8  # "auto": read steps whose cost share decides the spacing
 
@@ -100,7 +102,10 @@ class ReadSchedule:
             return
         shares = sorted(self._shares)
         share = shares[len(shares) // 2]  # the median (the upper one of an even count)
-        self.interval = max(1, min(MAX_INTERVAL, math.ceil(share / COST_SHARE - 1e-9)))
+        if share <= EVERY_STEP_SHARE:
+            self.interval = 1
+        else:
+            self.interval = max(1, min(MAX_INTERVAL, math.ceil(share / COST_SHARE - 1e-9)))
 
     def summary(self) -> dict[str, object]:
         """What the report says about the schedule; ``read_cost_share``: what the reads took of
