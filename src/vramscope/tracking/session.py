@@ -474,6 +474,7 @@ class Session:
             step is None
             or last is None
             or last is self._peak_record
+            or step is self._peak_record
             or not (step.forwards or step.backwards or step.saw_optimizer)
             or not _same_kind(last, step)
         ):
@@ -647,8 +648,8 @@ class Session:
                 if step.forwards and self._hooks is not None:
                     self._hooks.on_step_boundary()
                 return
-            if self._phase_reads is not None:  # a step of another kind: read the next one
-                self._phase_reads.again(1)
+            if self._phase_reads is not None:  # a step of another kind: a read soon (the
+                self._phase_reads.again(1)  # next step's was decided before this one closed)
             add_phase_times(step.phases, step.phase_times, step.index)
             step.phase_times = {}
         self._steps.append(step)
