@@ -171,14 +171,15 @@ def spread_pct(times: list[float], center: float) -> float:
 SHORT_STEP_S = 0.02  # steps shorter than this: many short blocks, the device's moods average out
 
 
-def block_plan(runner: StepRunner, rounds: int) -> tuple[int, int]:
-    """(rounds, steps per block): blocks of about 0.3 s, or for short steps 40+ rounds of
-    0.05 s blocks: their step times drift by tens of percent from block to block on an
-    H200 (16 rounds of 0.12 s left ±5% between runs), so many short interleaved blocks."""
+def block_plan(runner: StepRunner, rounds: int) -> tuple[int, int, bool]:
+    """(rounds, steps per block, whether the steps are short): blocks of about 0.3 s, or for
+    short steps 40+ rounds of 0.05 s blocks: their step times drift by tens of percent from
+    block to block on an H200 (16 rounds of 0.12 s left ±5% between runs), so many short
+    interleaved blocks."""
     t = statistics.median(timed_steps(runner, 11))  # 3 steps once misjudged a 14 ms step
     if t < SHORT_STEP_S:
-        return max(rounds, 60), max(4, min(30, round(0.05 / t)))
-    return rounds, max(6, min(60, round(0.3 / t)))
+        return max(rounds, 60), max(4, min(30, round(0.05 / t))), True
+    return rounds, max(6, min(60, round(0.3 / t))), False
 
 
 # ---- --methods: the ways to see memory, side by side ----------------------------------------
@@ -300,9 +301,8 @@ def bench_methods(
     runner = StepRunner(w, device)
     for _ in range(3):
         runner()
-    rounds, planned = block_plan(runner, rounds)
+    rounds, planned, short = block_plan(runner, rounds)
     steps = max(steps, planned)
-    short = statistics.median(timed_steps(runner, 5)) < SHORT_STEP_S
     # steps a tracked block runs before it keeps any, the same for every method: a session's
     # first steps (--detail modules: its calibration, marking.py; the default detail on short
     # steps: the first steps read phase by phase, phase_reads.py) happen once per run
@@ -311,6 +311,7 @@ def bench_methods(
         warmup = SETTLED
     if short and "default" in methods:
         warmup = max(warmup, PHASE_FIRST_STEPS + 2)
+    phase_reads: dict[str, dict] = {}  # method -> its last block's phase-read schedule
 
     def block(method: str, r: int) -> list[float] | None:
         if method in SLOW_METHODS and r >= 2:
@@ -324,8 +325,6 @@ def bench_methods(
         if schedule is not None:  # the last block's: which steps read phase by phase
             phase_reads[method] = schedule.summary()
         return values
-
-    phase_reads: dict[str, dict] = {}
 
     def failed(method: str) -> None:
         if w.optimizer is not None:

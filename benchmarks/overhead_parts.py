@@ -3,8 +3,9 @@
 Times the same step (nanoGPT's 10.7M-parameter character model, batch-1 inference or a
 batch-8 training step) untracked and under variants of ``vramscope.track()`` with parts
 switched off (hooks, the sampler thread, the status file), each step timed to a
-synchronize, blocks interleaved and each paired with the same round's untracked block; then the cost of single allocator calls, and a cProfile of
-tracked steps (the functions that take the most time, by own time).
+synchronize, each block set against the untracked blocks just before and after it
+(``overhead.interleave``); then the time spent inside the session's callbacks, the cost of
+single allocator calls, and a cProfile of tracked steps (by own time).
 
 Usage: python benchmarks/overhead_parts.py [--workload chargpt-infer-b1-64tok] [--out f.json]
 """
@@ -40,7 +41,7 @@ VARIANTS = {
     "hooks and callbacks, no phase bookkeeping": lambda: _callbacks_off(transitions_only=True),
     "no hooks": {"hooks": False},
     "no sampler, no status file": {"interval_s": 1e6, "status": False},
-    "sampler reads nothing": lambda: _sampler_reading(nothing=True),
+    "sampler reads nothing": lambda: _sampler_reads_nothing(),
 }
 CALLBACKS = (
     "on_forward_start",
@@ -108,14 +109,12 @@ def _callbacks_off(transitions_only: bool):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def _sampler_reading(nothing: bool):  # type: ignore[no-untyped-def]
-    """Default tracking with the sampler thread waking as usual but reading nothing (or all
-    but the host's RSS): what the thread's reads cost the user's steps."""
+def _sampler_reads_nothing():  # type: ignore[no-untyped-def]
+    """Default tracking with the sampler thread waking as usual but reading nothing: what
+    the thread's reads cost the user's steps."""
     session = vramscope.Session()
-    if nothing:
-        session._sample = lambda t: (t - session._t0, None, None, None, None)  # type: ignore[method-assign]
-    else:
-        session._rss_sampler.read = lambda: None  # type: ignore[method-assign]
+    nothing = (None, None, None, None)
+    session._sample = lambda t: (t - session._t0, *nothing)  # type: ignore[method-assign]
     with session:
         yield
 
@@ -192,7 +191,7 @@ def main() -> None:
     runner = StepRunner(builder(batch, device), device)
     for _ in range(5):
         runner()
-    rounds, steps = overhead.block_plan(runner, args.rounds)
+    rounds, steps, _short = overhead.block_plan(runner, args.rounds)
     # a block's first steps are not kept: a session's first steps read phase by phase
     warmup = PHASE_FIRST_STEPS + 2
 
@@ -218,9 +217,8 @@ def main() -> None:
     print(f"  phase reads: {timings.get('phase_reads')}")
     for name, entry in timings.items():
         if isinstance(entry, dict) and "calls" in entry:
-            print(
-                f"  in {name:31s} {entry['us_per_step']:8.1f} µs/step  ({entry['calls']} calls, {entry['us_per_call']} µs each)"
-            )
+            calls = f"{entry['calls']} calls, {entry['us_per_call']} µs each"
+            print(f"  in {name:31s} {entry['us_per_step']:8.1f} µs/step  ({calls})")
     index = torch.cuda.current_device()
     costs = {
         "_cuda_memoryStats": call_cost(lambda: torch._C._cuda_memoryStats(index)),

@@ -26,6 +26,7 @@ tables describe the highest point among them.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 
@@ -154,8 +155,7 @@ class MarkerSchedule:
         if self.policy != "auto" or not self._marked_s or not self._plain_s:
             return
         if self._ratios:
-            ratios = sorted(self._ratios)
-            added = ratios[len(ratios) // 2] - 1  # the median (the upper one of an even count)
+            added = statistics.median_high(self._ratios) - 1
         else:
             # no pair yet: the quickest of each (a step slowed by something else, a
             # recompilation or cuDNN's first choice, says nothing about the markers)

@@ -26,6 +26,7 @@ the peak was. A new pass over the data (an epoch, an evaluation loop) is always 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 
 from vramscope.tracking.marking import check_policy
@@ -82,7 +83,8 @@ class ReadSchedule:
         self._again = max(self._again, steps)
 
     def forget(self, read: bool) -> None:
-        """The step just begun turned out empty: not one of the run's steps."""
+        """A step turned out empty (no forward, backward or optimizer step): not one of the
+        run's steps."""
         self._count = max(0, self._count - 1)
         if read:
             self.read_steps = max(0, self.read_steps - 1)
@@ -100,8 +102,7 @@ class ReadSchedule:
     def _update_interval(self) -> None:
         if self.policy != "auto" or not self._shares:
             return
-        shares = sorted(self._shares)
-        share = shares[len(shares) // 2]  # the median (the upper one of an even count)
+        share = statistics.median_high(self._shares)
         if share <= EVERY_STEP_SHARE:
             self.interval = 1
         else:
@@ -110,8 +111,7 @@ class ReadSchedule:
     def summary(self) -> dict[str, object]:
         """What the report says about the schedule; ``read_cost_share``: what the reads took of
         a step, as measured on the read steps (median), spread over the spacing."""
-        shares = sorted(self._shares)
-        share = shares[len(shares) // 2] / self.interval if shares else None
+        share = statistics.median_high(self._shares) / self.interval if self._shares else None
         return {
             "policy": self.policy,
             "interval": self.interval,

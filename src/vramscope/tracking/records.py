@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from vramscope.report.aggregate import merge_phase
 from vramscope.report.model import PhaseStats
+from vramscope.tracking.sampler import max_known
 
 
 @dataclass(slots=True)
@@ -90,10 +91,8 @@ def _absorb(into: StepRecord, record: StepRecord) -> None:
     into.count += record.count
     into.last_index = record.last_index if record.last_index is not None else record.index
     into.reads = into.reads and record.reads
-    for name in ("unread_peak_allocated", "unread_peak_reserved"):
-        theirs = getattr(record, name)
-        if theirs is not None:
-            setattr(into, name, max(getattr(into, name) or 0, theirs))
+    into.unread_peak_allocated = max_known(into.unread_peak_allocated, record.unread_peak_allocated)
+    into.unread_peak_reserved = max_known(into.unread_peak_reserved, record.unread_peak_reserved)
 
 
 class StepHistory:

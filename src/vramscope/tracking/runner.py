@@ -113,7 +113,8 @@ class StopSignals:
     one that lands in vramscope's own bookkeeping, a hook called from that code, is sent
     again a moment later, so that no record is left half-made), and is only noted
     otherwise (the report is being written: it is finished first); either way that
-    signal's default disposition is restored, so a second one ends the process at once. Handlers are installed before the user's code runs: a script that installs its own
+    signal's default disposition is restored, so a second one ends the process at once.
+    Handlers are installed before the user's code runs: a script that installs its own
     replaces them, and its own handling wins. Only the main thread can receive them, so
     elsewhere nothing is installed. The previous handlers come back on exit.
     """
@@ -285,8 +286,9 @@ def measure(
     ``workload`` is a spec (``file.py:fn``, ``example:cnn``…) or a build function.
     An out-of-memory error leaves an OOM report (``report.exit.status == "oom"``).
     ``detail``, ``depth``, ``module_steps``, ``lines_of`` and ``snapshot`` are the
-    Session's attribution options (``phase_steps``: the steps read phase by phase on CUDA); lines default to the file that defines the workload.
-    ``stops``: installed stop-signal handlers (the CLI's), so that SIGTERM/SIGHUP end the steps with a report;
+    Session's attribution options (``phase_steps``: the steps read phase by phase on CUDA);
+    lines default to the file that defines the workload. ``stops``: installed stop-signal
+    handlers (the CLI's), so that SIGTERM/SIGHUP end the steps with a report;
     without them a signal does what the program says. ``trust_remote_code``: an ``hf:``
     model may run the code its repository ships.
     """

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 Sample = tuple[float, "int | None", "int | None", "int | None", "int | None"]
 
 
-def _max(a: int | None, b: int | None) -> int | None:
+def max_known(a: int | None, b: int | None) -> int | None:
+    """The larger of two values, either of which may be unknown (None)."""
     if a is None:
         return b
     if b is None:
@@ -58,7 +59,13 @@ class SampleBuffer:
 
 def _merge(a: Sample, b: Sample) -> Sample:
     """Merge two neighbouring samples: the later time, the larger of each value."""
-    return (b[0], _max(a[1], b[1]), _max(a[2], b[2]), _max(a[3], b[3]), _max(a[4], b[4]))
+    return (
+        b[0],
+        max_known(a[1], b[1]),
+        max_known(a[2], b[2]),
+        max_known(a[3], b[3]),
+        max_known(a[4], b[4]),
+    )
 
 
 class Sampler:

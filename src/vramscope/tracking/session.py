@@ -641,18 +641,16 @@ class Session:
             if self._phase_reads is not None and self._device_index is not None:
                 self._phase_reads.forget(step.reads)
             return  # only data loading (the loader's last, empty fetch) or nothing
-        if not step.reads:
-            last = self._steps.last
-            if last is not None and _same_kind(last, step):
-                self._steps.fold_into_last(step, keep=self._peak_record)
-                if step.forwards and self._hooks is not None:
-                    self._hooks.on_step_boundary()
-                return
-            if self._phase_reads is not None:  # a step of another kind: a read soon (the
-                self._phase_reads.again(1)  # next step's was decided before this one closed)
-            add_phase_times(step.phases, step.phase_times, step.index)
-            step.phase_times = {}
-        self._steps.append(step)
+        last = self._steps.last
+        if not step.reads and last is not None and _same_kind(last, step):
+            self._steps.fold_into_last(step, keep=self._peak_record)
+        else:
+            if not step.reads:  # of another kind than the entry before: an entry of its own
+                if self._phase_reads is not None:  # and a read soon (the next step's was
+                    self._phase_reads.again(1)  # decided before this one closed)
+                add_phase_times(step.phases, step.phase_times, step.index)
+                step.phase_times = {}
+            self._steps.append(step)
         if step.forwards and self._hooks is not None:
             self._hooks.on_step_boundary()
 
