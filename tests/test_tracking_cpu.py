@@ -235,3 +235,19 @@ def test_window_reads_host_memory_without_cuda():
         window = session.window()
     assert window["host_rss_bytes"] > 0
     assert window["peak_allocated_bytes"] is None  # no caching allocator on the CPU
+
+
+def test_a_graph_traced_by_make_fx_is_not_a_backward():
+    """AOTAutograd traces its joint graph by calling torch.autograd.grad on proxies (through
+    make_fx) while torch.compile compiles; that is not one of the run's backward passes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    model = torch.nn.Linear(4, 4)
+
+    def joint(x: torch.Tensor) -> torch.Tensor:
+        return torch.autograd.grad(model(x).sum(), x)[0]
+
+    with vramscope.track() as session:
+        make_fx(joint)(torch.randn(2, 4, requires_grad=True))
+    report = session.report()
+    assert not any(p.name == "backward" for s in report.steps for p in s.phases)

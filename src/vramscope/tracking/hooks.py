@@ -36,6 +36,20 @@ import torch
 import torch.utils.data.dataloader as dataloader_module
 
 _is_compiling = torch.compiler.is_compiling
+try:  # the mode under which AOTAutograd and make_fx trace a graph (torch >= 2.1)
+    _PROXY = torch._C._TorchDispatchModeKey.PROXY
+    _get_mode = torch._C._get_dispatch_mode
+except AttributeError:  # pragma: no cover - an older torch
+    _PROXY = _get_mode = None
+
+
+def _tracing_a_graph() -> bool:
+    """Whether torch is tracing a graph rather than running (AOTAutograd's joint graph
+    calls ``torch.autograd.grad`` on proxies while it compiles; on torch 2.11 with
+    ``torch.compiler.is_compiling()`` false)."""
+    return _get_mode is not None and _get_mode(_PROXY) is not None
+
+
 _MODULE_CALL = torch.nn.Module.__call__  # nn.Module's own, before anyone wraps it
 
 _LOCK = threading.RLock()
@@ -202,7 +216,7 @@ def _discovering_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     return _MODULE_CALL(self, *args, **kwargs)
 
 
-for _function in (_outside_dynamo, _discovering_call, _calling, _calling_quietly):
+for _function in (_outside_dynamo, _discovering_call, _calling, _calling_quietly, _tracing_a_graph):
     _never_compiled(_function)
 
 
@@ -373,7 +387,7 @@ class GlobalHooks:
         def wrap_backward(original: Any) -> Any:
             @functools.wraps(original)
             def backward(*args: Any, **kwargs: Any) -> Any:
-                if _is_compiling():
+                if _is_compiling() or _tracing_a_graph():
                     return original(*args, **kwargs)
                 outermost = hooks.in_backward == 0
                 if outermost:
