@@ -248,6 +248,15 @@ def main() -> int:
         meta["library_versions_differ"] = differ
         for name, (real, here) in differ.items():
             print(f"{name}: measured with {real}, estimated with {here}")
+    # cases measured again with other libraries than the rest carry their own versions
+    for case_name, truth in measured.items():
+        libs = truth.get("libraries")
+        if not libs or case_name not in {r["name"] for r in rows}:
+            continue
+        same = {k: v for k, v in with_versions.items() if libs.get(k) and v and libs[k] == v}
+        if same:
+            versions = ", ".join(f"{k} {v}" for k, v in sorted(same.items()))
+            print(f"{case_name}: measured and estimated with {versions}")
     out.write_text(json.dumps({"meta": meta, "summary": summary, "cases": rows}, indent=1))
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out.name}")
     return 0

@@ -95,7 +95,13 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmp,
         concurrent.futures.ThreadPoolExecutor(args.jobs) as pool,
     ):
-        rows = list(pool.map(lambda c: measure_case(c, Path(tmp)), cases))
+        futures = {pool.submit(measure_case, c, Path(tmp)): i for i, c in enumerate(cases)}
+        done: dict[int, dict] = {}
+        for future in concurrent.futures.as_completed(futures):
+            # each row as it ends, one JSON line: a run cut short keeps what it measured
+            done[futures[future]] = row = future.result()
+            print("ROW " + json.dumps(row), flush=True)
+        rows = [done[i] for i in range(len(cases))]
     for row in rows:
         peak = row.get("peak", {})
         print(

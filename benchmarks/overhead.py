@@ -7,7 +7,9 @@ block is set against the mean of the untracked blocks just before and after it (
 speed drifts by tens of percent over seconds on short steps; neighbours share the drift), and
 the overhead is the median of those ratios, less one; the cost per step in microseconds is
 that share of the baseline step. The ratio of the pooled medians is kept beside it
-(``pooled_overhead_pct``). A tracked block's first steps are not kept: a session's first
+(``pooled_overhead_pct``), and the same pairing of the blocks' mean steps
+(``mean_overhead_pct``: it keeps the steps a median leaves out, such as the 1 step in N that
+reads the allocator on short steps). A tracked block's first steps are not kept: a session's first
 steps (its calibration with ``--detail modules``; on short steps, the first steps that the
 default detail reads phase by phase) happen once per run. The workloads include short,
 launch-bound steps (a 10.7M-parameter GPT: 3.5-15 ms a step, one of them compiled), where a
@@ -177,8 +179,8 @@ def block_plan(runner: StepRunner, rounds: int) -> tuple[int, int, bool]:
     block to block on an H200 (16 rounds of 0.12 s left ±5% between runs), so many short
     interleaved blocks."""
     t = statistics.median(timed_steps(runner, 11))  # 3 steps once misjudged a 14 ms step
-    if t < SHORT_STEP_S:
-        return max(rounds, 60), max(4, min(30, round(0.05 / t))), True
+    if t < SHORT_STEP_S:  # 12+ steps a block: a median of 4 moved by several percent
+        return max(rounds, 60), max(12, min(30, round(0.05 / t))), True
     return rounds, max(6, min(60, round(0.3 / t))), False
 
 
@@ -252,20 +254,24 @@ def interleave(
     rounds: int,
     steps: int,
     failed: Callable[[str], None] | None = None,
+    mean_ratios: dict[str, list[float]] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, str]]:
     """Untracked blocks and ``block(name, round)`` for each name, in one process: every round
     runs the names (order rotated) each between two untracked blocks, and a block is set
     against the mean of those two (the device's speed drifts by tens of percent over seconds
     on short steps; neighbours share the drift). Returns the step times per name (and
-    ``"base"``), each block's ratio less one per name, and the names whose block raised."""
+    ``"base"``), each block's ratio less one per name (of medians), and the names whose block
+    raised. ``mean_ratios``, when given, receives the same ratios of the blocks' means: these
+    keep the steps a median leaves out (a step that reads the allocator, the sampler thread's
+    turn at the interpreter lock)."""
     times: dict[str, list[float]] = {"base": []}
     ratios: dict[str, list[float]] = {n: [] for n in names}
     errors: dict[str, str] = {}
 
-    def base_block() -> float:
+    def base_block() -> tuple[float, float]:
         values = timed_steps(runner, steps, warmup=2)
         times["base"].extend(values)
-        return statistics.median(values)
+        return statistics.median(values), statistics.fmean(values)
 
     for r in range(rounds):
         shift = r % len(names)
@@ -284,7 +290,10 @@ def interleave(
                 continue
             times.setdefault(name, []).extend(values)
             after = base_block()
-            ratios[name].append(statistics.median(values) / ((before + after) / 2) - 1)
+            ratios[name].append(statistics.median(values) / ((before[0] + after[0]) / 2) - 1)
+            if mean_ratios is not None:
+                mean = statistics.fmean(values)
+                mean_ratios.setdefault(name, []).append(mean / ((before[1] + after[1]) / 2) - 1)
             before = after
     return times, ratios, errors
 
@@ -330,7 +339,8 @@ def bench_methods(
         if w.optimizer is not None:
             w.optimizer.zero_grad(set_to_none=True)
 
-    times, ratios, errors = interleave(runner, methods, block, rounds, steps, failed)
+    mean_ratios: dict[str, list[float]] = {}
+    times, ratios, errors = interleave(runner, methods, block, rounds, steps, failed, mean_ratios)
     base = statistics.median(times["base"])
     result: dict = {
         "workload": name,
@@ -354,6 +364,8 @@ def bench_methods(
             "overhead_pct": paired,
             "cost_us_per_step": round(base * paired * 1e4, 1),
             "pooled_overhead_pct": round(100 * (t - base) / base, 2),
+            # the same pairing with each block's mean step: every step counts
+            "mean_overhead_pct": round(100 * statistics.median(mean_ratios[method]), 2),
             "steps": len(times[method]),
         }
         if method in phase_reads:
@@ -401,6 +413,17 @@ def print_methods(results: list[dict], methods: list[str], meta: dict) -> None:
                 f"worst {max(values.values()):7.2f}%  ({meta['gpu']}, torch {meta['torch']})"
             )
             print_targets(m, values)
+        means = [
+            r["methods"][m]["mean_overhead_pct"]
+            for r in results
+            if "mean_overhead_pct" in r.get("methods", {}).get(m, {})
+        ]
+        if means:
+            print(
+                f"{'':12s} with every step counted (blocks' means, the {len(means)} rows "
+                f"that have them): median {statistics.median(means):.2f}%, worst "
+                f"{max(means):.2f}%"
+            )
 
 
 TARGETS = {  # method -> what it should meet
@@ -487,6 +510,9 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", nargs="*")
     parser.add_argument(
+        "--rounds", type=int, default=None, help="at least this many rounds (short steps: 60)"
+    )
+    parser.add_argument(
         "--merge",
         nargs="+",
         metavar="JSON",
@@ -508,6 +534,7 @@ def main() -> None:
     rounds, steps = (4, 5) if args.quick else (8, 6)
     if args.methods:
         rounds, steps = (4, 4) if args.quick else (6, 6)
+    rounds = max(rounds, args.rounds or 0)
     results = []
     for name, (builder, batch) in WORKLOADS.items():
         if args.only and name not in args.only:

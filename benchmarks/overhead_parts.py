@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import datetime
+import gc
 import io
 import json
 import pstats
@@ -41,6 +43,10 @@ VARIANTS = {
     "hooks and callbacks, no phase bookkeeping": lambda: _callbacks_off(transitions_only=True),
     "no hooks": {"hooks": False},
     "no sampler, no status file": {"interval_s": 1e6, "status": False},
+    "hooks only, callbacks do nothing, no sampler": lambda: _callbacks_off(
+        transitions_only=False, quiet=True
+    ),
+    "default, garbage collector off": lambda: _gc_off(),
     "sampler reads nothing": lambda: _sampler_reads_nothing(),
 }
 CALLBACKS = (
@@ -88,11 +94,12 @@ def _no_backward_markers():  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def _callbacks_off(transitions_only: bool):  # type: ignore[no-untyped-def]
+def _callbacks_off(transitions_only: bool, quiet: bool = False):  # type: ignore[no-untyped-def]
     """Default tracking with the session's hook callbacks (or only its phase and step
     bookkeeping) doing nothing but closing the discovery window once the model is found (as
-    the first step's end does): what the hooks' own machinery costs."""
-    session = vramscope.Session()
+    the first step's end does): what the hooks' own machinery costs. ``quiet``: without the
+    sampler thread and status file too."""
+    session = vramscope.Session(**({"interval_s": 1e6, "status": False} if quiet else {}))
 
     def close_discovery(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         hooks = session._hooks
@@ -106,6 +113,20 @@ def _callbacks_off(transitions_only: bool):  # type: ignore[no-untyped-def]
             setattr(session, name, close_discovery)
     with session:
         yield
+
+
+@contextlib.contextmanager
+def _gc_off():  # type: ignore[no-untyped-def]
+    """Default tracking with Python's garbage collector off: whether the bookkeeping's
+    objects make the collector run more often in the user's steps."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with vramscope.Session():
+            yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextlib.contextmanager
@@ -123,7 +144,7 @@ def callback_times(runner: StepRunner, steps: int) -> dict:
     """Wall time spent inside the session's callbacks, per step, on the user's thread (and
     per sample on the sampler's): what the hooks cost where they run, GIL waits included."""
     session = vramscope.Session()
-    spent: dict[str, list[int]] = {name: [0, 0] for name in CALLBACKS}
+    spent: dict[str, list[int]] = {name: [] for name in CALLBACKS}  # ns of each call
 
     def timed(name, function):  # type: ignore[no-untyped-def]
         def call(*args):  # type: ignore[no-untyped-def]
@@ -131,29 +152,35 @@ def callback_times(runner: StepRunner, steps: int) -> dict:
             try:
                 return function(*args)
             finally:
-                entry = spent[name]
-                entry[0] += time.perf_counter_ns() - start
-                entry[1] += 1
+                spent[name].append(time.perf_counter_ns() - start)
 
         return call
 
     for name in CALLBACKS:
         setattr(session, name, timed(name, getattr(session, name)))
     with session:
+        hooks = session._hooks  # the machinery around on_forward_start (which runs inside)
+        if hooks is not None:
+            for name in ("_enter", "_exit"):
+                spent["hooks." + name] = []
+                setattr(hooks, name, timed("hooks." + name, getattr(hooks, name)))
         overhead.timed_steps(runner, PHASE_FIRST_STEPS + 2)
         for entry in spent.values():
-            entry[0] = entry[1] = 0
+            entry.clear()
         start = time.perf_counter()
         overhead.timed_steps(runner, steps)
         wall = time.perf_counter() - start
+    # the mean keeps the calls that waited for the sampler thread's turn at the interpreter
+    # lock; the median is what a call itself takes
     out = {
         name: {
-            "calls": n,
-            "us_per_call": round(ns / n / 1e3, 2),
-            "us_per_step": round(ns / steps / 1e3, 2),
+            "calls": len(ns),
+            "us_per_call": round(statistics.fmean(ns) / 1e3, 2),
+            "median_us_per_call": round(statistics.median(ns) / 1e3, 2),
+            "us_per_step": round(sum(ns) / steps / 1e3, 2),
         }
-        for name, (ns, n) in spent.items()
-        if n
+        for name, ns in spent.items()
+        if ns
     }
     out["steps"] = steps
     out["wall_s"] = round(wall, 3)
@@ -184,8 +211,14 @@ def main() -> None:
         "--modules", action="store_true", help="take --detail modules apart instead of default"
     )
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--variants", nargs="+", default=None, help="only these variants")
     args = parser.parse_args()
     variants = MODULE_VARIANTS if args.modules else VARIANTS
+    if args.variants:
+        unknown = sorted(set(args.variants) - set(variants))
+        if unknown:
+            parser.error(f"unknown variants {unknown}; known: {sorted(variants)}")
+        variants = {name: variants[name] for name in args.variants}
     device = torch.device("cuda")
     builder, batch = overhead.WORKLOADS[args.workload]
     runner = StepRunner(builder(batch, device), device)
@@ -199,25 +232,45 @@ def main() -> None:
         with _variant(variants[name]):
             return overhead.timed_steps(runner, steps, warmup=warmup)
 
-    times, ratios, _errors = overhead.interleave(runner, list(variants), block, rounds, steps)
+    mean_ratios: dict[str, list[float]] = {}
+    times, ratios, _errors = overhead.interleave(
+        runner, list(variants), block, rounds, steps, mean_ratios=mean_ratios
+    )
     base = statistics.median(times["base"])
-    result: dict = {"workload": args.workload, "step_ms": round(base * 1e3, 3), "variants": {}}
+    result: dict = {
+        "meta": {
+            "date": datetime.date.today().isoformat(),
+            "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+        },
+        "workload": args.workload,
+        "step_ms": round(base * 1e3, 3),
+        "variants": {},
+    }
     print(f"{args.workload}: base {base * 1e3:.3f} ms/step (against the untracked blocks around)")
     for name in variants:
         # against the untracked blocks around it: the device's drift cancels
         pct = round(100 * statistics.median(ratios[name]), 2)
+        mean_pct = round(100 * statistics.median(mean_ratios[name]), 2)
         result["variants"][name] = {
             "overhead_pct": pct,
             "cost_us_per_step": round(base * pct * 1e4, 1),
             "pooled_cost_us_per_step": round((statistics.median(times[name]) - base) * 1e6, 1),
+            "mean_overhead_pct": mean_pct,  # every step counted (the blocks' means)
         }
-        print(f"  {name:34s} {base * pct * 1e4:8.1f} µs/step  ({pct:+.2f}%)")
+        print(
+            f"  {name:34s} {base * pct * 1e4:8.1f} µs/step  ({pct:+.2f}%; every step "
+            f"counted {mean_pct:+.2f}%)"
+        )
     timings = callback_times(runner, max(200, steps * 10))
     result["callbacks"] = timings
     print(f"  phase reads: {timings.get('phase_reads')}")
     for name, entry in timings.items():
         if isinstance(entry, dict) and "calls" in entry:
-            calls = f"{entry['calls']} calls, {entry['us_per_call']} µs each"
+            calls = (
+                f"{entry['calls']} calls, {entry['us_per_call']} µs each, "
+                f"median {entry['median_us_per_call']} µs"
+            )
             print(f"  in {name:31s} {entry['us_per_step']:8.1f} µs/step  ({calls})")
     index = torch.cuda.current_device()
     costs = {
@@ -227,6 +280,7 @@ def main() -> None:
             lambda: LEDGER.read_for_tracking(index, reset=True)
         ),
         "torch.compiler.is_compiling": call_cost(torch.compiler.is_compiling),
+        "time.perf_counter": call_cost(time.perf_counter),
     }
     result["call_cost_us"] = {k: round(v, 2) for k, v in costs.items()}
     for name, us in costs.items():

@@ -72,6 +72,32 @@ def test_all_number_force_and_again():
     assert [schedule.begin(1.0, 0.0) for _ in range(5)] == [True, True, True, False, False]
 
 
+def test_steps_turned_over_without_asking_are_the_steps_the_schedule_would_skip():
+    """The session turns over ``ahead`` steps without calling ``begin`` (a launch-bound step
+    cannot afford the call): the same steps are read, and the counts come out the same."""
+    for policy, step_s, cost_s in (("auto", 0.004, 0.0001), (5, 0.001, 0.0), ("all", 0.001, 0.0)):
+        asked, told = ReadSchedule(policy), ReadSchedule(policy)
+        read_asked, read_told, now, cost = [], [], 0.0, 0.0
+        for i in range(120):
+            force = i == 70  # a new pass: read whatever the spacing
+            if asked.begin(now, cost, force=force):
+                read_asked.append(i)
+            if told.ahead > 0 and not force:
+                told.ahead -= 1
+                told.skipped += 1
+            elif told.begin(now, cost, force=force):
+                read_told.append(i)
+            cost = cost_s if read_asked and read_asked[-1] == i else 0.0
+            now += step_s + cost
+        assert read_told == read_asked
+        assert told.summary() == asked.summary()
+    schedule = ReadSchedule(6)
+    run(schedule, FIRST_STEPS, 0.001, 0.0)  # the last of them read: 5 unread to come
+    assert schedule.ahead == 5
+    schedule.again(2)  # a peak in the steps between: nothing is skipped any more
+    assert schedule.ahead == 0
+
+
 def test_phase_policies_are_checked():
     assert check_phase_policy(" 12 ") == 12
     assert check_phase_policy("all") == "all"

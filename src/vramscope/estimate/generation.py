@@ -32,7 +32,6 @@ Steps that never repeat are traced to the end.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from typing import Any
 
 import torch
 
-from vramscope.estimate.recorder import Recorder, Trace
+from vramscope.estimate.recorder import BlockMeta, Recorder, Trace
 from vramscope.estimate.transformers_eager import eager_transformers
 
 NOTE = (
@@ -321,6 +320,15 @@ def _cache_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 # ---- the expansion ------------------------------------------------------------------------------
 
 
+def _resized(model: BlockMeta, size: int) -> BlockMeta:
+    """``model``'s metadata for a block of ``size`` bytes (``dataclasses.replace`` without its
+    checks: it runs once per written allocation)."""
+    block = object.__new__(type(model))
+    block.__dict__.update(model.__dict__)
+    block.size = size
+    return block
+
+
 def _expand(trace: Trace, call: GenerateCall) -> None:
     """Write the real steps the cut-short call skipped into ``trace``.
 
@@ -345,41 +353,45 @@ def _expand(trace: Trace, call: GenerateCall) -> None:
     def template(r: int) -> int:
         return (n - p) + (r - (n - p)) % p
 
-    ids: dict[tuple[int, int], int] = {}
-    for r in range(n - 1):
-        for k, bid in enumerate(steps[r].allocs):
-            ids[(r, k)] = bid
+    # the block ids of each real step's allocations, in order (the written steps' are new);
+    # hundreds of thousands of events for a long generation: kept to plain lists and tuples
+    ids: dict[int, list[int]] = {r: steps[r].allocs for r in range(n - 1)}
     last = steps[-1]
-    for k, bid in enumerate(last.allocs):
-        ids[(m - 1, k)] = bid
+    ids[m - 1] = last.allocs
     next_id = max(blocks) + 1
+    fallbacks = trace.fallbacks
     written: list[tuple[Any, ...]] = []
+    write = written.append
     for r in range(n - 1, m - 1):
         t = template(r)
         times = (r - t) // p
         source = steps[t]
+        source_allocs, streams, grows = source.allocs, source.streams, growth[t]
+        mine: list[int] = []
+        ids[r] = mine
         for entry in source.shape:
             if entry[0] == "a":
                 k = entry[1]
-                model = blocks[source.allocs[k]]
-                grown = model.size + times * growth[t][k]
-                blocks[next_id] = dataclasses.replace(model, size=grown)
-                if source.allocs[k] in trace.fallbacks:
-                    trace.fallbacks[next_id] = trace.fallbacks[source.allocs[k]]
-                ids[(r, k)] = next_id
-                written.append((_ALLOC, next_id, grown, source.streams[k]))
+                model = blocks[source_allocs[k]]
+                grown = model.size + times * grows[k]
+                blocks[next_id] = _resized(model, grown)
+                if source_allocs[k] in fallbacks:
+                    fallbacks[next_id] = fallbacks[source_allocs[k]]
+                mine.append(next_id)
+                write((_ALLOC, next_id, grown, streams[k]))
                 next_id += 1
             else:
-                _, back, k = entry
-                written.append((_FREE, ids[(r - back, k)]))
+                write((_FREE, ids[r - entry[1]][entry[2]]))
     # the last traced step is real step m-1: its sizes grown, and what it and everything
     # after it frees of the steps before it, the real steps' blocks
     rename: dict[int, int] = {}
     longest = max((e[1] for s in steps for e in s.shape if e[0] == "f"), default=0)
     for r in range(max(0, n - 1 - max(longest, p)), n - 1):
-        for k, bid in enumerate(steps[r].allocs):
-            if (r + shift, k) in ids:
-                rename[bid] = ids[(r + shift, k)]
+        real = ids.get(r + shift)
+        if real is not None:
+            for k, bid in enumerate(steps[r].allocs):
+                if k < len(real):
+                    rename[bid] = real[k]
     times = shift // p
     for k, bid in enumerate(last.allocs):
         blocks[bid].size += times * growth[n - 1][k]

@@ -382,9 +382,6 @@ class _PhaseListener:
         if self.recorder.phase != "forward":
             self.recorder.set_phase("forward")
 
-    def on_forward_end(self, module: torch.nn.Module) -> None:
-        return None
-
     def on_backward_start(self) -> None:
         self.recorder.in_backward += 1
         self.recorder.set_phase("backward")

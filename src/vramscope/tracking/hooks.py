@@ -40,14 +40,10 @@ try:  # the mode under which AOTAutograd and make_fx trace a graph (torch >= 2.1
     _PROXY = torch._C._TorchDispatchModeKey.PROXY
     _get_mode = torch._C._get_dispatch_mode
 except AttributeError:  # pragma: no cover - an older torch
-    _PROXY = _get_mode = None
+    _PROXY = None
 
-
-def _tracing_a_graph() -> bool:
-    """Whether torch is tracing a graph rather than running (AOTAutograd's joint graph
-    calls ``torch.autograd.grad`` on proxies while it compiles; on torch 2.11 with
-    ``torch.compiler.is_compiling()`` false)."""
-    return _get_mode is not None and _get_mode(_PROXY) is not None
+    def _get_mode(key: Any) -> Any:
+        return None
 
 
 _MODULE_CALL = torch.nn.Module.__call__  # nn.Module's own, before anyone wraps it
@@ -66,9 +62,8 @@ _INSTANCES: set[int] = set()  # ids of single modules whose calls are reported
 
 class PhaseListener(Protocol):
     def on_forward_start(self, module: torch.nn.Module) -> None: ...
-    def on_forward_end(self, module: torch.nn.Module) -> None: ...
     def on_backward_start(self) -> None: ...
-    def on_backward_end(self) -> None: ...
+    # optional: def on_backward_end(self) -> None (not called when the listener has none)
     def on_optimizer_start(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_zero_grad(self) -> None: ...
@@ -95,13 +90,17 @@ try:  # torch.compile's frame callback: set while compiled code runs its eager p
     from torch._C._dynamo.eval_frame import get_eval_frame_callback as _frame_callback
     from torch._C._dynamo.eval_frame import set_eval_frame as _set_frame_callback
 except ImportError:  # pragma: no cover - a torch without dynamo's C part
-    _frame_callback = None  # type: ignore[assignment]
+
+    def _frame_callback() -> Any:  # type: ignore[misc]
+        return None
 
 
 def _outside_dynamo(function: Any, *args: Any) -> Any:
     """Call ``function`` with torch.compile's frame callback off, so none of vramscope's
-    bookkeeping is ever analysed or compiled (only where a callback is set: costs ~30 ns)."""
-    if _frame_callback is None or _frame_callback() is None:
+    bookkeeping is ever analysed or compiled (only where a callback is set: costs ~30 ns).
+    The wrappers test ``_frame_callback() is None`` themselves and call this only when it is
+    not: in a launch-bound step every Python frame costs microseconds."""
+    if _frame_callback() is None:
         return function(*args)
     prior = _set_frame_callback(None)
     try:
@@ -126,21 +125,6 @@ def _call_of(cls: type) -> Any:
     return _MODULE_CALL
 
 
-def _calling(module: torch.nn.Module, call: Any, args: Any, kwargs: Any) -> Any:
-    listeners = _LISTENERS
-    if _frame_callback is not None and _frame_callback() is not None:
-        return _calling_quietly(listeners, module, call, args, kwargs)
-    for listener in listeners:
-        listener._enter(module)
-    output = None
-    try:
-        output = call(module, *args, **kwargs)
-        return output
-    finally:
-        for listener in reversed(listeners):
-            listener._exit(module, output)
-
-
 def _enter_all(listeners: tuple[Any, ...], module: torch.nn.Module) -> None:
     for listener in listeners:
         listener._enter(module)
@@ -154,7 +138,8 @@ def _exit_all(listeners: tuple[Any, ...], module: torch.nn.Module, output: Any) 
 def _calling_quietly(
     listeners: tuple[Any, ...], module: torch.nn.Module, call: Any, args: Any, kwargs: Any
 ) -> Any:
-    """``_calling`` in the eager part of compiled code: only the user's call is compiled."""
+    """A wrapped class's call in the eager part of compiled code: only the user's call is
+    compiled."""
     _outside_dynamo(_enter_all, listeners, module)
     output = None
     try:
@@ -181,9 +166,22 @@ def wrap_class(cls: type, instance: torch.nn.Module | None = None) -> None:
         def __call__(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
             if _is_compiling():  # first, so dynamo reads nothing of ours
                 return original(self, *args, **kwargs)
-            if not _LISTENERS or (cls not in _MODEL_CLASSES and id(self) not in _INSTANCES):
+            listeners = _LISTENERS
+            if not listeners or (cls not in _MODEL_CLASSES and id(self) not in _INSTANCES):
                 return original(self, *args, **kwargs)
-            return _calling(self, original, args, kwargs)
+            if _frame_callback() is not None:
+                return _calling_quietly(listeners, self, original, args, kwargs)
+            # every listener around the call (at every step of a launch-bound loop: no
+            # helper call)
+            for listener in listeners:
+                listener._enter(self)
+            output = None
+            try:
+                output = original(self, *args, **kwargs)
+                return output
+            finally:
+                for listener in reversed(listeners):
+                    listener._exit(self, output)
 
         __call__.__vramscope_wrapper__ = True  # type: ignore[attr-defined]
         _never_compiled(__call__)
@@ -211,12 +209,14 @@ def _discovering_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         return _MODULE_CALL(self, *args, **kwargs)
     cls = type(self)
     if cls not in _WRAPPED and _outside_dynamo(_wanted, self):
-        wrap_class(cls)  # its next calls go through the class wrapper
-        return _calling(self, _MODULE_CALL, args, kwargs)
+        wrap_class(cls)  # this call and the next go through the class wrapper
+        wrapper = cls.__dict__.get("__call__")
+        if getattr(wrapper, "__vramscope_wrapper__", False):
+            return wrapper(self, *args, **kwargs)
     return _MODULE_CALL(self, *args, **kwargs)
 
 
-for _function in (_outside_dynamo, _discovering_call, _calling, _calling_quietly, _tracing_a_graph):
+for _function in (_outside_dynamo, _discovering_call, _calling_quietly):
     _never_compiled(_function)
 
 
@@ -317,12 +317,8 @@ class GlobalHooks:
 
     def _exit(self, module: torch.nn.Module, output: Any = None) -> None:
         with self._depth_lock:
-            if self.depth == 0:
-                return
-            self.depth -= 1
-            outermost = self.depth == 0
-        if outermost and not self.in_backward:
-            self.listener.on_forward_end(module)
+            if self.depth:
+                self.depth -= 1
 
     # ---- discovery ---------------------------------------------------------------------------
     def set_discovery(self, on: bool) -> None:
@@ -371,34 +367,55 @@ class GlobalHooks:
             if _is_compiling():
                 return
             hooks.depth = 0  # never inside a forward: heals a forward left by KeyboardInterrupt
-            _outside_dynamo(listener.on_optimizer_start, opt)
+            if _frame_callback() is None:
+                listener.on_optimizer_start(opt)
+            else:
+                _outside_dynamo(listener.on_optimizer_start, opt)
 
         def optimizer_post(opt: Any, args: Any, kwargs: Any) -> None:
             if _is_compiling():
                 return
             hooks._forward_since_optimizer = False
-            _outside_dynamo(hooks._optimizer_ended, opt)
+            if _frame_callback() is not None:
+                _outside_dynamo(hooks._optimizer_ended, opt)
+                return
+            listener.on_optimizer_end(opt)  # _optimizer_ended, written out
+            if hooks.discovering:
+                hooks.on_step_boundary()
 
         _never_compiled(optimizer_pre)
         _never_compiled(optimizer_post)
         self._handles.append(register_optimizer_step_pre_hook(optimizer_pre))
         self._handles.append(register_optimizer_step_post_hook(optimizer_post))
 
+        backward_end = getattr(listener, "on_backward_end", None)  # optional
+
         def wrap_backward(original: Any) -> Any:
             @functools.wraps(original)
             def backward(*args: Any, **kwargs: Any) -> Any:
-                if _is_compiling() or _tracing_a_graph():
+                # a graph traced, not a backward run: AOTAutograd's joint graph calls
+                # torch.autograd.grad on proxies while it compiles (on torch 2.11 with
+                # torch.compiler.is_compiling() false)
+                if _is_compiling() or _get_mode(_PROXY) is not None:
                     return original(*args, **kwargs)
                 outermost = hooks.in_backward == 0
                 if outermost:
-                    _outside_dynamo(hooks._backward_starts)
+                    if _frame_callback() is not None:
+                        _outside_dynamo(hooks._backward_starts)
+                    else:  # _backward_starts, written out
+                        if not hooks._forward_since_optimizer:
+                            hooks.set_discovery(True)
+                        listener.on_backward_start()
                 hooks.in_backward += 1
                 try:
                     return original(*args, **kwargs)
                 finally:
                     hooks.in_backward -= 1
-                    if outermost:
-                        _outside_dynamo(listener.on_backward_end)
+                    if outermost and backward_end is not None:
+                        if _frame_callback() is None:
+                            backward_end()
+                        else:
+                            _outside_dynamo(backward_end)
 
             return _never_compiled(backward)
 
@@ -409,7 +426,10 @@ class GlobalHooks:
             @functools.wraps(original)
             def zero_grad(*args: Any, **kwargs: Any) -> Any:
                 if not _is_compiling():
-                    _outside_dynamo(listener.on_zero_grad)
+                    if _frame_callback() is None:
+                        listener.on_zero_grad()
+                    else:
+                        _outside_dynamo(listener.on_zero_grad)
                 return original(*args, **kwargs)
 
             return _never_compiled(zero_grad)
@@ -422,7 +442,10 @@ class GlobalHooks:
             def __next__(self_iter: Any) -> Any:
                 if not _is_compiling():
                     loader_id = getattr(self_iter, "_vramscope_loader_id", None)
-                    _outside_dynamo(listener.on_data, loader_id)
+                    if _frame_callback() is None:
+                        listener.on_data(loader_id)
+                    else:
+                        _outside_dynamo(listener.on_data, loader_id)
                 return original(self_iter)
 
             return _never_compiled(__next__)

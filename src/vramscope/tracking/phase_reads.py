@@ -57,10 +57,16 @@ class ReadSchedule:
         self.read_steps = 0
         self.unread_steps = 0
         self.first_unread: int | None = None  # index of the first step not read (the session's)
+        # steps from now that read nothing whatever happens (unless ``again``): the session
+        # turns them over without asking and counts them in ``skipped``, settled at the next
+        # ``begin`` (a launch-bound step cannot afford the call)
+        self.ahead = 0
+        self.skipped = 0
 
     def begin(self, now: float, cost_s: float, force: bool = False) -> bool:
         """A step begins at ``now``; the step before took ``cost_s`` of vramscope's time at
         its boundaries. ``force``: a step that must be read (the first, a new pass)."""
+        self._settle()
         if self._open is not None:
             start, read = self._open
             rest = now - start - cost_s
@@ -76,15 +82,29 @@ class ReadSchedule:
         else:
             self.unread_steps += 1
             self._since_read += 1
+        unread_next = self.interval - 1 - self._since_read  # what _decide will say
+        self.ahead = unread_next if self._again == 0 and self.policy != "all" else 0
         return read
+
+    def _settle(self) -> None:
+        """Count the steps turned over without ``begin`` (all unread)."""
+        skipped = self.skipped
+        if skipped:
+            self.skipped = 0
+            self._count += skipped
+            self.unread_steps += skipped
+            self._since_read += skipped
+            self._open = None  # the step before was not read: no share to take
 
     def again(self, steps: int = FIRST_STEPS) -> None:
         """Read every step from now on for ``steps`` steps (something changed)."""
         self._again = max(self._again, steps)
+        self.ahead = 0
 
     def forget(self, read: bool) -> None:
         """A step turned out empty (no forward, backward or optimizer step): not one of the
         run's steps."""
+        self._settle()
         self._count = max(0, self._count - 1)
         if read:
             self.read_steps = max(0, self.read_steps - 1)
@@ -111,6 +131,7 @@ class ReadSchedule:
     def summary(self) -> dict[str, object]:
         """What the report says about the schedule; ``read_cost_share``: what the reads took of
         a step, as measured on the read steps (median), spread over the spacing."""
+        self._settle()
         share = statistics.median_high(self._shares) / self.interval if self._shares else None
         return {
             "policy": self.policy,

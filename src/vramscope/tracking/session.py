@@ -117,6 +117,9 @@ class Session:
             weakref.WeakKeyDictionary()
         )
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        # the model and optimizer seen last (weakly): a hook's check at every step
+        self._last_model: Callable[[], Any] = _nothing
+        self._last_optimizer: Callable[[], Any] = _nothing
         self._steps = StepHistory()
         self._step: StepRecord | None = None
         self._peak_record: StepRecord | None = None  # the step of the peak, never merged
@@ -443,21 +446,29 @@ class Session:
         if not self._running:
             return
         now = time.perf_counter()
-        starting = self._step is None or new_step or self._force_new_step
-        if not starting and not self._step_reads:  # inside a step that reads nothing
-            phase = self._phase
-            if phase is not None:
-                self._time_unread(self._step, phase, now)  # type: ignore[arg-type]
-            self._phase = PhaseRecord(name, now, None)
-            return
+        step = self._step
         decided = None
-        if starting and not self._step_reads and not self._force_new_step:
-            # an unread step ends: when the next one reads nothing either, it goes on in the
-            # same record (the few lines a launch-bound step can afford)
-            decided = self._phase_reads.begin(now, 0.0)  # type: ignore[union-attr]
-            if not decided and self._next_unread_step(now):
-                self._phase = PhaseRecord(name, now, None)
+        if step is not None and not self._step_reads and not self._force_new_step:
+            # a step that reads nothing: the few lines a launch-bound step can afford
+            goes_on = True  # the phase record goes on, renamed
+            if new_step:  # it ends; when the next one reads nothing either, it goes on in
+                schedule = self._phase_reads  # the same record (the schedule is told later)
+                if schedule.ahead > 0 and self._next_unread_step(now):  # type: ignore[union-attr]
+                    schedule.ahead -= 1  # type: ignore[union-attr]
+                    schedule.skipped += 1  # type: ignore[union-attr]
+                else:
+                    decided = schedule.begin(now, 0.0)  # type: ignore[union-attr]
+                    goes_on = not decided and self._next_unread_step(now)
+            elif self._phase is not None:
+                self._time_unread(step, self._phase, now)
+            if goes_on:
+                phase = self._phase
+                if phase is None:
+                    self._phase = PhaseRecord(name, now, None)
+                else:
+                    phase.name, phase.start_s, phase.start_allocated = name, now, None
                 return
+        starting = self._step is None or new_step or self._force_new_step
         light = self._boundary(now, starting, decided)
         self._phase = PhaseRecord(name, now, light[0] if light is not None else None)
         if self._attribution is not None:  # attribution: a phase marker
@@ -469,35 +480,45 @@ class Session:
         counts into the record before it (its phase times stay in the open record until the
         unread steps end) and go on in the same record object as the next step. False (and
         nothing done) where the full bookkeeping is needed."""
-        step, last = self._step, self._steps.last
+        step, last, peak = self._step, self._steps.last, self._peak_record
         if (
             step is None
             or last is None
-            or last is self._peak_record
-            or step is self._peak_record
+            or last is peak
+            or step is peak
             or not (step.forwards or step.backwards or step.saw_optimizer)
-            or not _same_kind(last, step)
+            # of the same kind (_same_kind, written out: this runs at every unread step)
+            or last.epoch != step.epoch
+            or (not last.backwards) != (not step.backwards)
+            or last.saw_optimizer != step.saw_optimizer
         ):
             return False
         phase = self._phase
         if phase is not None:
             self._time_unread(step, phase, now)
+        index = step.index
         last.count += 1
         last.forwards += step.forwards
         last.backwards += step.backwards
-        last.grad_forward = last.grad_forward or step.grad_forward
-        last.last_index = step.index
+        if step.grad_forward:
+            last.grad_forward = True
+        last.last_index = index
         last.end_s = now
         last.reads = False
         self._steps.total += 1
-        step.index += 1
-        step.start_s = now
-        step.forwards = step.backwards = 0
+        index += 1
+        step.index, step.start_s, step.forwards, step.backwards = index, now, 0, 0
         step.saw_optimizer = step.grad_forward = False
-        step.forward_modules.clear()
-        self._marker({"kind": "step", "index": step.index, "t": now - self._t0})
-        if self._hooks is not None and self._hooks.discovering:
-            self._hooks.on_step_boundary()
+        if step.forward_modules:
+            step.forward_modules.clear()
+        markers = self._markers
+        if len(markers) < MAX_PHASE_BANDS:
+            markers.append({"kind": "step", "index": index, "t": now - self._t0})
+        else:
+            self._dropped_markers += 1
+        hooks = self._hooks
+        if hooks is not None and hooks.discovering:
+            hooks.on_step_boundary()
         return True
 
     def _boundary(self, now: float, starting: bool, decided: bool | None = None) -> _Light | None:
@@ -539,14 +560,21 @@ class Session:
         self._band(name, step.index, phase.start_s, now)
 
     def _time_unread(self, step: StepRecord, phase: PhaseRecord, now: float) -> None:
-        """A phase of an unread step ends: its occurrence and time, no PhaseStats."""
-        times = step.phase_times.get(phase.name)
+        """A phase of an unread step ends: its occurrence and time, no PhaseStats (and
+        ``_band`` written out: this runs at every boundary of every unread step)."""
+        name, start = phase.name, phase.start_s
+        times = step.phase_times.get(name)
         if times is None:
-            step.phase_times[phase.name] = [1, now - phase.start_s]
+            step.phase_times[name] = [1, now - start]
         else:
             times[0] += 1
-            times[1] += now - phase.start_s
-        self._band(phase.name, step.index, phase.start_s, now)
+            times[1] += now - start
+        bands = self._phase_bands
+        if len(bands) < MAX_PHASE_BANDS:
+            t0 = self._t0
+            bands.append((name, step.index, start - t0, now - t0))
+        else:
+            self._dropped_bands += 1
 
     def _band(self, name: str, step: int, start: float, end: float) -> None:
         if len(self._phase_bands) < MAX_PHASE_BANDS:
@@ -692,6 +720,7 @@ class Session:
         return "cuda" if self._device_index is not None else "cpu"
 
     def _is_model(self, module: torch.nn.Module) -> bool:
+        """Whether ``module`` has parameters (the last model seen is asked before this)."""
         known = self._has_params.get(module)
         if known is None:
             known = next(module.parameters(), None) is not None
@@ -699,6 +728,9 @@ class Session:
             if known:
                 self._models.add(module)
                 self._count_objects()
+        if known:
+            with contextlib.suppress(TypeError):
+                self._last_model = weakref.ref(module)
         return known
 
     def _grads_live(self, module: torch.nn.Module) -> bool:
@@ -714,7 +746,7 @@ class Session:
 
     # ---- hook callbacks (PhaseListener) -------------------------------------------------
     def on_forward_start(self, module: torch.nn.Module) -> None:
-        if not self._running or not self._is_model(module):
+        if not self._running or (self._last_model() is not module and not self._is_model(module)):
             return
         grad = torch.is_grad_enabled()
         step = self._step
@@ -746,9 +778,6 @@ class Session:
             step.grad_forward = step.grad_forward or grad
             step.forward_modules.add(id(module))
 
-    def on_forward_end(self, module: torch.nn.Module) -> None:
-        return None
-
     def on_backward_start(self) -> None:
         if not self._running:
             return
@@ -775,15 +804,15 @@ class Session:
         if self._step is not None:
             self._step.backwards += 1
 
-    def on_backward_end(self) -> None:
-        return None
-
     def on_optimizer_start(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._running:
             return
-        if optimizer not in self._optimizers:
-            self._optimizers.add(optimizer)
-            self._census_due, self._census_tries = True, 0
+        if self._last_optimizer() is not optimizer:
+            if optimizer not in self._optimizers:
+                self._optimizers.add(optimizer)
+                self._census_due, self._census_tries = True, 0
+            with contextlib.suppress(TypeError):
+                self._last_optimizer = weakref.ref(optimizer)
         self._transition("optimizer")
 
     def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None:
@@ -892,6 +921,11 @@ class Session:
 
                 attach_attribution(self, self._report)
         return self._report
+
+
+def _nothing() -> None:
+    """A dead weak reference's answer, before anything was seen."""
+    return None
 
 
 def _same_kind(record: StepRecord, step: StepRecord) -> bool:
