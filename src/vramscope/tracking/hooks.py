@@ -453,9 +453,11 @@ class GlobalHooks:
         def wrap_iter(original: Any) -> Any:
             @functools.wraps(original)
             def __iter__(self_loader: Any) -> Any:
+                iterator = original(self_loader)
+                # told once the iterator exists: its worker processes have started, so the
+                # host-memory sampler that lists the children now finds them
                 if not _is_compiling():
                     _outside_dynamo(hooks._loader_iter, self_loader)
-                iterator = original(self_loader)
                 with contextlib.suppress(AttributeError):
                     iterator._vramscope_loader_id = id(self_loader)
                 return iterator
