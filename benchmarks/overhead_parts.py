@@ -299,9 +299,12 @@ def main() -> None:
         profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    # no paths of the machine it ran on in the results: the repository's and the libraries'
+    profile = text.getvalue().replace(str(Path(__file__).resolve().parents[1]) + "/", "")
+    profile = profile.replace(str(Path(torch.__file__).parents[1]) + "/", "site-packages/")
     result["profile_detail"] = args.detail
-    result["profile"] = text.getvalue()
-    print(text.getvalue())
+    result["profile"] = profile
+    print(profile)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
