@@ -338,39 +338,52 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
         phases: list[PhaseRun] = []
         current: PhaseRun | None = None
         alloc_before = sim.allocated_bytes
+        # a long generate() replays hundreds of thousands of events: lookups kept local
+        events, marks_at, fallback_of = trace.events, marks_by_index.get, fallbacks.get
+        where = (step, "data")
         for index in range(start, end):
-            for _, phase in marks_by_index.get(index, ()):
-                if current is not None:
-                    current.end_allocated = sim.allocated_bytes
-                current = _open_phase(phases, step, phase, sim.allocated_bytes, sim.reserved_bytes)
-                if phase == "backward":
-                    _mark_activations(
-                        sizes, kinds, blocks, mapping, out, step, len(slices) - 1, log
+            marks = marks_at(index)
+            if marks:
+                for _, phase in marks:
+                    if current is not None:
+                        current.end_allocated = sim.allocated_bytes
+                    current = _open_phase(
+                        phases, step, phase, sim.allocated_bytes, sim.reserved_bytes
                     )
-            event = trace.events[index]
+                    where = (step, phase)
+                    if phase == "backward":
+                        _mark_activations(
+                            sizes, kinds, blocks, mapping, out, step, len(slices) - 1, log
+                        )
+            event = events[index]
             kind = event[0]
             if kind == "alloc":
-                key = event[1] if mapping is None else mapping.setdefault(event[1], _fresh())
-                kinds[key] = blocks[event[1]].kind
-                log((_KIND, key, kinds[key]))
-                phase_name = current.name if current else "data"
-                alloc(key, event[2], (step, phase_name), fallbacks.get(event[1]), event[3])
+                bid = event[1]
+                if mapping is None:
+                    key = bid
+                else:
+                    key = mapping.get(bid)
+                    if key is None:
+                        key = mapping[bid] = _fresh()
+                block_kind = kinds[key] = blocks[bid].kind
+                log((_KIND, key, block_kind))
+                alloc(key, event[2], where, fallback_of(bid), event[3])
                 allocated = sim.allocated_bytes
+                reserved = sim.reserved_bytes
                 if current is not None:
                     if allocated > current.peak_allocated:
                         current.peak_allocated = allocated
-                    reserved = sim.reserved_bytes
                     if reserved > current.peak_reserved:
                         current.peak_reserved = reserved
                 if allocated > out.peak_allocated:
                     out.peak_allocated = allocated
                     out.peak_step = step
-                    out.peak_phase = phase_name
+                    out.peak_phase = where[1]
                     peak_at = len(history)
                     out.peak_fragmentation = sim.inactive_split_bytes
                     out.peak_requested = sim.requested_bytes
-                if sim.reserved_bytes > out.peak_reserved:
-                    out.peak_reserved = sim.reserved_bytes
+                if reserved > out.peak_reserved:
+                    out.peak_reserved = reserved
             elif kind == "free":
                 key = event[1] if mapping is None else mapping.get(event[1], event[1])
                 free(key)
