@@ -171,11 +171,20 @@ def _tracking_notes(session: Session) -> list[str]:
     schedule = session._phase_reads
     unread = schedule.unread_steps if schedule is not None else 0
     if unread and session._device_index is not None:
+        why = (
+            f"vramscope's reads would have cost more than {EVERY_STEP_SHARE:.1%} of each step"
+            if schedule.policy == "auto"
+            else f"--phase-steps {schedule.policy}"
+        )
         notes.append(
-            f"short steps: after the first {FIRST_STEPS}, phases were read on 1 step in "
-            f"{schedule.interval} (vramscope's reads would have cost more than "
-            f"{EVERY_STEP_SHARE:.1%} of each step); the {unread} steps between read nothing and are "
-            "folded into the read step before them, whose peak includes theirs exactly "
+            f"after the first {FIRST_STEPS} steps, phases were read on 1 step in "
+            f"{schedule.interval} ({why}); "
+            + (
+                f"the {unread:,} steps between read nothing and are folded"
+                if unread != 1
+                else "the 1 step between reads nothing and is folded"
+            )
+            + " into the read step before them, whose peak includes theirs exactly "
             "(count, last_index; --phase-steps all reads every step)"
         )
     if session._span_peak is not None:
