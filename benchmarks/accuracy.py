@@ -249,9 +249,10 @@ def main() -> int:
         for name, (real, here) in differ.items():
             print(f"{name}: measured with {real}, estimated with {here}")
     # cases measured again with other libraries than the rest carry their own versions
+    estimated = {r["name"] for r in rows}
     for case_name, truth in measured.items():
         libs = truth.get("libraries")
-        if not libs or case_name not in {r["name"] for r in rows}:
+        if not libs or case_name not in estimated:
             continue
         same = {k: v for k, v in with_versions.items() if libs.get(k) and v and libs[k] == v}
         if same:
