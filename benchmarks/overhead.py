@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import statistics
 import sys
@@ -168,6 +169,25 @@ def spread_pct(times: list[float], center: float) -> float:
     """The p10-p90 range of per-step times, as a share of ``center``."""
     q = statistics.quantiles(times, n=10)
     return round(100 * (q[-1] - q[0]) / center, 2)
+
+
+def median_ci95(values: list[float]) -> list[float] | None:
+    """A 95 % confidence interval of the median of ``values`` from their order statistics
+    (distribution-free: the ranks the binomial distribution of a median's sample puts
+    around it); None under 6 values."""
+    n = len(values)
+    if n < 6:
+        return None
+    ordered = sorted(values)
+    half = 1.96 * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half))
+    high = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return [ordered[low], ordered[high]]
+
+
+def pct_interval(ratios: list[float]) -> list[float] | None:
+    ci = median_ci95(ratios)
+    return [round(100 * ci[0], 2), round(100 * ci[1], 2)] if ci is not None else None
 
 
 SHORT_STEP_S = 0.02  # steps shorter than this: many short blocks, the device's moods average out
@@ -366,6 +386,9 @@ def bench_methods(
             "pooled_overhead_pct": round(100 * (t - base) / base, 2),
             # the same pairing with each block's mean step: every step counts
             "mean_overhead_pct": round(100 * statistics.median(mean_ratios[method]), 2),
+            # 95 % intervals of the two medians over the rounds
+            "overhead_ci95_pct": pct_interval(ratios[method]),
+            "mean_overhead_ci95_pct": pct_interval(mean_ratios[method]),
             "steps": len(times[method]),
         }
         if method in phase_reads:
@@ -400,6 +423,21 @@ def print_methods(results: list[dict], methods: list[str], meta: dict) -> None:
         for m, x in r.get("methods", {}).items():
             if "error" in x:
                 print(f"  {r['workload']} / {m}: {x['error']}")
+    intervals = [
+        (r["workload"], m, x)
+        for r in results
+        for m, x in r.get("methods", {}).items()
+        if x.get("overhead_ci95_pct") and m in methods
+    ]
+    if intervals:
+        print("\n95 % intervals of the medians over the rounds (median; with every step counted):")
+    for workload, m, x in intervals:
+        low, high = x["overhead_ci95_pct"]
+        line = f"  {workload:28s} {m:8s} {low:+6.2f}% .. {high:+6.2f}%"
+        if x.get("mean_overhead_ci95_pct"):
+            low, high = x["mean_overhead_ci95_pct"]
+            line += f";  {low:+6.2f}% .. {high:+6.2f}%"
+        print(line)
     print()
     for m in methods:
         values = {

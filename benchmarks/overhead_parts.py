@@ -257,10 +257,15 @@ def main() -> None:
             "cost_us_per_step": round(base * pct * 1e4, 1),
             "pooled_cost_us_per_step": round((statistics.median(times[name]) - base) * 1e6, 1),
             "mean_overhead_pct": mean_pct,  # every step counted (the blocks' means)
+            # 95 % intervals of the two medians over the rounds
+            "overhead_ci95_pct": overhead.pct_interval(ratios[name]),
+            "mean_overhead_ci95_pct": overhead.pct_interval(mean_ratios[name]),
         }
+        ci = result["variants"][name]["overhead_ci95_pct"]
+        within = f", 95 % CI {ci[0]:+.2f}..{ci[1]:+.2f}%" if ci else ""
         print(
-            f"  {name:34s} {base * pct * 1e4:8.1f} µs/step  ({pct:+.2f}%; every step "
-            f"counted {mean_pct:+.2f}%)"
+            f"  {name:34s} {base * pct * 1e4:8.1f} µs/step  ({pct:+.2f}%{within}; every "
+            f"step counted {mean_pct:+.2f}%)"
         )
     timings = callback_times(runner, max(200, steps * 10))
     result["callbacks"] = timings

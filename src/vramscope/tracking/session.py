@@ -450,22 +450,21 @@ class Session:
         decided = None
         if step is not None and not self._step_reads and not self._force_new_step:
             # a step that reads nothing: the few lines a launch-bound step can afford
-            goes_on = True  # the phase record goes on, renamed
             if new_step:  # it ends; when the next one reads nothing either, it goes on in
                 schedule = self._phase_reads  # the same record (the schedule is told later)
-                if schedule.ahead > 0 and self._next_unread_step(now):  # type: ignore[union-attr]
+                if schedule.ahead > 0 and self._next_unread_step(now, name):  # type: ignore[union-attr]
                     schedule.ahead -= 1  # type: ignore[union-attr]
                     schedule.skipped += 1  # type: ignore[union-attr]
-                else:
-                    decided = schedule.begin(now, 0.0)  # type: ignore[union-attr]
-                    goes_on = not decided and self._next_unread_step(now)
-            elif self._phase is not None:
-                self._time_unread(step, self._phase, now)
-            if goes_on:
+                    return
+                decided = schedule.begin(now, 0.0)  # type: ignore[union-attr]
+                if not decided and self._next_unread_step(now, name):
+                    return
+            else:  # the phase record goes on, renamed
                 phase = self._phase
                 if phase is None:
                     self._phase = PhaseRecord(name, now, None)
                 else:
+                    self._time_unread(step, phase, now)
                     phase.name, phase.start_s, phase.start_allocated = name, now, None
                 return
         starting = self._step is None or new_step or self._force_new_step
@@ -475,11 +474,13 @@ class Session:
             self._attribution.on_phase(name)
         self._boundary_cost += time.perf_counter() - now
 
-    def _next_unread_step(self, now: float) -> bool:
+    def _next_unread_step(self, now: float, name: str) -> bool:
         """The open step read nothing and neither will the next: fold the open step's
         counts into the record before it (its phase times stay in the open record until the
-        unread steps end) and go on in the same record object as the next step. False (and
-        nothing done) where the full bookkeeping is needed."""
+        unread steps end) and go on in the same record object as the next step, its phase
+        record renamed ``name``. False (and nothing done) where the full bookkeeping is
+        needed. (``_same_kind``, ``_time_unread`` and ``_marker`` written out: this runs at
+        every unread step, where each Python call costs microseconds.)"""
         step, last, peak = self._step, self._steps.last, self._peak_record
         if (
             step is None
@@ -487,16 +488,30 @@ class Session:
             or last is peak
             or step is peak
             or not (step.forwards or step.backwards or step.saw_optimizer)
-            # of the same kind (_same_kind, written out: this runs at every unread step)
             or last.epoch != step.epoch
             or (not last.backwards) != (not step.backwards)
             or last.saw_optimizer != step.saw_optimizer
         ):
             return False
-        phase = self._phase
-        if phase is not None:
-            self._time_unread(step, phase, now)
         index = step.index
+        phase = self._phase
+        t0 = self._t0
+        if phase is None:
+            self._phase = PhaseRecord(name, now, None)
+        else:
+            phase_name, start = phase.name, phase.start_s
+            times = step.phase_times.get(phase_name)
+            if times is None:
+                step.phase_times[phase_name] = [1, now - start]
+            else:
+                times[0] += 1
+                times[1] += now - start
+            bands = self._phase_bands
+            if len(bands) < MAX_PHASE_BANDS:
+                bands.append((phase_name, index, start - t0, now - t0))
+            else:
+                self._dropped_bands += 1
+            phase.name, phase.start_s, phase.start_allocated = name, now, None
         last.count += 1
         last.forwards += step.forwards
         last.backwards += step.backwards
@@ -513,7 +528,7 @@ class Session:
             step.forward_modules.clear()
         markers = self._markers
         if len(markers) < MAX_PHASE_BANDS:
-            markers.append({"kind": "step", "index": index, "t": now - self._t0})
+            markers.append({"kind": "step", "index": index, "t": now - t0})
         else:
             self._dropped_markers += 1
         hooks = self._hooks

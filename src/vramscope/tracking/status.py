@@ -122,7 +122,7 @@ class StatusWriter:
     sampler thread) bounds how stale the file gets. ``close()`` removes the file.
     """
 
-    def __init__(self, info: dict[str, Any], min_interval: float = 0.25) -> None:
+    def __init__(self, info: dict[str, Any], min_interval: float = 0.5) -> None:
         self._lock = threading.Lock()
         self._owner_pid = os.getpid()  # a forked child (DataLoader worker) must not write
         self._min_interval = min_interval
