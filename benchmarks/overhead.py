@@ -11,7 +11,9 @@ that share of the baseline step. The ratio of the pooled medians is kept beside 
 (``mean_overhead_pct``: it keeps the steps a median leaves out, such as the 1 step in N that
 reads the allocator on short steps). A tracked block's first steps are not kept: a session's first
 steps (its calibration with ``--detail modules``; on short steps, the first steps that the
-default detail reads phase by phase) happen once per run. The workloads include short,
+default detail reads phase by phase) happen once per run. On short steps a random number of
+further steps (up to one sampler interval's worth) comes before the timed ones, so that the
+sampler thread's ticks fall on the timed steps as often as they do in a long run. The workloads include short,
 launch-bound steps (a 10.7M-parameter GPT: 3.5-15 ms a step, one of them compiled), where a
 fixed cost per step or per module call shows most.
 Also prints the cost of one allocator read, vramscope's way and torch.cuda's.
@@ -33,6 +35,7 @@ import datetime
 import json
 import math
 import platform
+import random
 import statistics
 import sys
 import time
@@ -190,6 +193,23 @@ def pct_interval(ratios: list[float]) -> list[float] | None:
     return [round(100 * ci[0], 2), round(100 * ci[1], 2)] if ci is not None else None
 
 
+SAMPLE_INTERVAL_S = 0.1  # the sampler thread's tick in a session (vramscope.Session's default)
+
+
+def tick_phases(runner: StepRunner, seed: int = 0) -> Callable[[], int]:
+    """Extra untimed steps for each tracked block, uniform over one sampler interval.
+
+    A tracked block is a fresh session whose sampler ticks at its start and every 0.1 s
+    after. With a fixed number of steps before the timed ones, the same tick (the one at
+    0.1 s) fell inside the timed steps of nearly every short-step block: twice the share of
+    ticks a long run's steps see. A random start, seeded, spreads the ticks over the steps
+    as a long run does."""
+    step_s = statistics.median(timed_steps(runner, 5))
+    span = max(1, math.ceil(SAMPLE_INTERVAL_S / step_s))
+    rng = random.Random(seed)
+    return lambda: rng.randrange(span)
+
+
 SHORT_STEP_S = 0.02  # steps shorter than this: many short blocks, the device's moods average out
 
 
@@ -341,6 +361,7 @@ def bench_methods(
     if short and "default" in methods:
         warmup = max(warmup, PHASE_FIRST_STEPS + 2)
     phase_reads: dict[str, dict] = {}  # method -> its last block's phase-read schedule
+    extra = tick_phases(runner) if short else (lambda: 0)
 
     def block(method: str, r: int) -> list[float] | None:
         if method in SLOW_METHODS and r >= 2:
@@ -348,7 +369,10 @@ def bench_methods(
         context, after = _method_context(method, name)
         with context:
             values = timed_steps(
-                runner, min(steps, 3) if method in SLOW_METHODS else steps, after, warmup=warmup
+                runner,
+                min(steps, 3) if method in SLOW_METHODS else steps,
+                after,
+                warmup=warmup + extra(),
             )
         schedule = getattr(context, "_phase_reads", None)
         if schedule is not None:  # the last block's: which steps read phase by phase
@@ -370,6 +394,9 @@ def bench_methods(
         "rounds": rounds,
         "steps_per_block": steps,
         "warmup_steps_per_block": warmup,
+        # short steps: plus 0..N-1 more (uniform, seeded), N steps making one sampler
+        # interval, so that its ticks fall on the timed steps as often as in a long run
+        "random_extra_warmup": short,
         "pairing": "each method block against the mean of the baseline blocks around it",
         "methods": {},
     }

@@ -48,6 +48,9 @@ VARIANTS = {
     ),
     "default, garbage collector off": lambda: _gc_off(),
     "sampler reads nothing": lambda: _sampler_reads_nothing(),
+    "no status file": {"status": False},
+    "sampler every 0.2 s": {"interval_s": 0.2},
+    "sampler without host memory": lambda: _sampler_without_host_memory(),
 }
 CALLBACKS = (
     "on_forward_start",
@@ -140,6 +143,16 @@ def _sampler_reads_nothing():  # type: ignore[no-untyped-def]
         yield
 
 
+@contextlib.contextmanager
+def _sampler_without_host_memory():  # type: ignore[no-untyped-def]
+    """Default tracking with the sampler's host RSS read left out (a system call a tick,
+    the interpreter lock given up and taken back)."""
+    session = vramscope.Session()
+    session._rss_sampler.read = lambda: None  # type: ignore[method-assign]
+    with session:
+        yield
+
+
 def callback_times(runner: StepRunner, steps: int) -> dict:
     """Wall time spent inside the session's callbacks, per step, on the user's thread (and
     per sample on the sampler's): what the hooks cost where they run, GIL waits included."""
@@ -228,9 +241,11 @@ def main() -> None:
     # a block's first steps are not kept: a session's first steps read phase by phase
     warmup = PHASE_FIRST_STEPS + 2
 
+    extra = overhead.tick_phases(runner)  # the sampler's ticks where a long run has them
+
     def block(name: str, r: int) -> list[float]:
         with _variant(variants[name]):
-            return overhead.timed_steps(runner, steps, warmup=warmup)
+            return overhead.timed_steps(runner, steps, warmup=warmup + extra())
 
     mean_ratios: dict[str, list[float]] = {}
     times, ratios, _errors = overhead.interleave(
