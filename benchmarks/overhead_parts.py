@@ -49,7 +49,7 @@ VARIANTS = {
     "default, garbage collector off": lambda: _gc_off(),
     "sampler reads nothing": lambda: _sampler_reads_nothing(),
     "no status file": {"status": False},
-    "sampler every 0.2 s": {"interval_s": 0.2},
+    "sampler at 0.1 s throughout": {"interval_s": 0.1},
     "sampler without host memory": lambda: _sampler_without_host_memory(),
 }
 CALLBACKS = (

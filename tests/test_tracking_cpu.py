@@ -237,6 +237,22 @@ def test_window_reads_host_memory_without_cuda():
     assert window["peak_allocated_bytes"] is None  # no caching allocator on the CPU
 
 
+def test_the_sampler_keeps_its_interval_without_phase_reads():
+    """On the CPU no phases are read on a sample of the steps: the sampler stays at 0.1 s
+    (CUDA's slower pace is a GPU test); an interval the user sets is said as set."""
+    model = torch.nn.Linear(4, 4)
+    with vramscope.track() as session:
+        for _ in range(30):
+            model(torch.randn(2, 4)).sum().backward()
+    sampler = session.report().extra["sampler"]
+    assert sampler["auto"] is True and sampler["paces"] == []
+    assert sampler["interval_s"] == sampler["effective_interval_s"] == 0.1
+    with vramscope.track(interval_s=0.05) as session:
+        model(torch.randn(2, 4))
+    sampler = session.report().extra["sampler"]
+    assert sampler["auto"] is False and sampler["interval_s"] == 0.05
+
+
 def test_a_graph_traced_by_make_fx_is_not_a_backward():
     """AOTAutograd traces its joint graph by calling torch.autograd.grad on proxies (through
     make_fx) while torch.compile compiles; that is not one of the run's backward passes."""

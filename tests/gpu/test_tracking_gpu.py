@@ -74,6 +74,30 @@ def test_steps_read_on_a_schedule_keep_every_peak_exact() -> None:
     assert all(s.micro_batches == 1 for s in steps)
 
 
+def test_the_sampler_slows_once_phases_are_read_on_a_sample_of_the_steps() -> None:
+    """Steps read 1 in 4: from the first unread step the sampler ticks every 0.5 s (its turns
+    at the interpreter lock cost a short step more than its samples show); an interval the
+    user set is kept."""
+    device = torch.device("cuda")
+    w = build_gpt(8, device)
+    runner = StepRunner(w, device)
+    for _ in range(2):
+        runner()
+    with vramscope.track(phase_steps=4) as session:
+        for _ in range(24):
+            runner()
+    sampler = session.report().extra["sampler"]
+    assert sampler["auto"] is True and sampler["interval_s"] == 0.1
+    assert [pace[1] for pace in sampler["paces"]] == [0.5]
+    assert sampler["effective_interval_s"] == 0.5
+    with vramscope.track(phase_steps=4, interval_s=0.1) as session:
+        for _ in range(24):
+            runner()
+    sampler = session.report().extra["sampler"]
+    assert sampler["auto"] is False and sampler["paces"] == []
+    assert sampler["effective_interval_s"] == 0.1
+
+
 def test_reconciliation_sums_exactly() -> None:
     report = vramscope.measure("example:gpt", batch_size=8, steps=3)
     end = next(r for r in report.reconciliation if r.moment == "end")

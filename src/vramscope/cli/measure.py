@@ -25,9 +25,9 @@ from vramscope.tracking.runner import StopSignals, measure
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.001),
-    default=0.1,
-    show_default=True,
-    help="Timeline sampling interval in seconds.",
+    default=None,
+    help="Timeline sampling interval in seconds [default: 0.1; 0.5 while the steps are so "
+    "short that their phases are read on a sample of them].",
 )
 @detail_options
 @output_options
@@ -39,7 +39,7 @@ def command(
     allocator_config: str | None,
     steps: int,
     device: str | None,
-    interval: float,
+    interval: float | None,
     detail: str,
     depth: int,
     module_steps: str,

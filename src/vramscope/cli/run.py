@@ -119,9 +119,9 @@ def distributed_options(func):
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.001),
-    default=0.1,
-    show_default=True,
-    help="Timeline sampling interval in seconds.",
+    default=None,
+    help="Timeline sampling interval in seconds [default: 0.1; 0.5 while the steps are so "
+    "short that their phases are read on a sample of them].",
 )
 @click.option(
     "--allocator-config",
@@ -133,7 +133,7 @@ def distributed_options(func):
 def command(
     script: str,
     args: tuple[str, ...],
-    interval: float,
+    interval: float | None,
     allocator_config: str | None,
     detail: str,
     depth: int,

@@ -128,6 +128,9 @@ def assemble_report(session: Session) -> Report:
         report.extra["phase_reads"] = session._phase_reads.summary()
     report.extra["sampler"] = {
         "interval_s": session._interval_s,
+        # chosen by the steps' length (set by nobody): when it changed, to what
+        "auto": session._interval_auto,
+        "paces": [list(pace) for pace in session._sampler_paces],
         "effective_interval_s": session._sampler.effective_interval_s if session._sampler else None,
         "error": session._sampler.error if session._sampler else None,
     }

@@ -271,7 +271,7 @@ def measure(
     precision: str | None = None,
     accumulate: int | None = None,
     allocator_config: str | None = None,
-    interval_s: float = 0.1,
+    interval_s: float | None = None,
     detail: str = "default",
     depth: int = 3,
     lines_of: list[Any] | None = None,

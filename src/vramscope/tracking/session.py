@@ -36,6 +36,13 @@ from vramscope.tracking.sampler import Sample, Sampler
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_PHASE_BANDS = 10_000  # timeline bands and markers kept (the first ones)
 NVML_PROCESS_INTERVAL_S = 1.0
+SAMPLE_INTERVAL_S = 0.1  # the timeline's sampler, by default
+# ... while the steps are so short that their phases are read on a sample of them: each tick
+# takes the interpreter lock from a training thread that holds it nearly all the time, and
+# on an NVIDIA H200 host those hand-overs were half of the cost of tracking a 4 ms step;
+# 10 samples a second show nothing inside such steps anyway (the phases' peaks come from
+# the allocator's reads)
+SPACED_SAMPLE_INTERVAL_S = 0.5
 CENSUS_EVERY_STEP = 8  # optimizer steps counted one by one while a new optimizer has no state
 
 
@@ -54,7 +61,7 @@ class Session:
     def __init__(
         self,
         device: str | torch.device | None = None,
-        interval_s: float = 0.1,
+        interval_s: float | None = None,
         name: str | None = None,
         workload: dict[str, Any] | None = None,
         detail: str = "default",
@@ -94,12 +101,16 @@ class Session:
         self.workload_info = dict(workload or {})
         self.detail = detail
         self._requested_device = torch.device(device) if device is not None else None
-        self._interval_s = interval_s
+        # None: SAMPLE_INTERVAL_S, and SPACED_SAMPLE_INTERVAL_S while the phases are read on
+        # a sample of the steps (short steps: see _pace_sampler)
+        self._interval_auto = interval_s is None
+        self._interval_s = SAMPLE_INTERVAL_S if interval_s is None else interval_s
         self._capacity = timeline_capacity
         self._use_status = status
         self._use_hooks = hooks
         self._hooks: GlobalHooks | None = None
         self._sampler: Sampler | None = None
+        self._sampler_paces: list[tuple[float, float]] = []  # (t, interval) on each change
         self._status: Any = None
         self._rss_main = ProcessTreeRss()
         self._rss_sampler = ProcessTreeRss()
@@ -708,6 +719,8 @@ class Session:
             if self._phase_reads is not None and self._phase_reads.first_unread is None:
                 self._phase_reads.first_unread = index
         self._step_reads = reads
+        if self._interval_auto:
+            self._pace_sampler()
         self._step = StepRecord(
             index=index,
             epoch=self._epoch,
@@ -718,6 +731,18 @@ class Session:
         self._marker({"kind": "step", "index": index, "t": now - self._t0})
         if self._attribution is not None:  # attribution: a step marker
             self._attribution.on_step(index)
+
+    def _pace_sampler(self) -> None:
+        """The sampler's interval by the steps' length: ``SPACED_SAMPLE_INTERVAL_S`` once the
+        schedule reads the phases on a sample of the steps, else ``SAMPLE_INTERVAL_S``."""
+        schedule, sampler = self._phase_reads, self._sampler
+        if schedule is None or sampler is None or self._device_index is None:
+            return
+        spaced = schedule.interval > 1 and schedule.first_unread is not None
+        interval = SPACED_SAMPLE_INTERVAL_S if spaced else self._interval_s
+        if sampler.interval_s != interval:
+            sampler.interval_s = interval
+            self._sampler_paces.append((round(time.perf_counter() - self._t0, 6), interval))
 
     def _marker(self, marker: dict[str, Any]) -> None:
         if len(self._markers) < MAX_PHASE_BANDS:
@@ -990,7 +1015,7 @@ def _open_status(session: Session) -> Any:
 
 def track(
     device: str | torch.device | None = None,
-    interval_s: float = 0.1,
+    interval_s: float | None = None,
     name: str | None = None,
     detail: str = "default",
     depth: int = 3,
@@ -1001,6 +1026,8 @@ def track(
 ) -> Session:
     """Track the memory of a block of code: ``with vramscope.track() as session: ...``.
 
+    ``interval_s``: the timeline's sampling interval; by default 0.1 s, and 0.5 s while the
+    steps are so short that their phases are read on a sample of them.
     ``detail="modules"`` adds the module tree and exact categories at the peak
     (``module_steps``: ``"auto"``, ``"all"`` or N, the steps that place module markers, see
     :mod:`vramscope.tracking.marking`);
