@@ -120,9 +120,13 @@ class StatusWriter:
     happen at most every ``min_interval`` seconds; a throttled update is kept and written by
     the next ``update`` or ``flush`` after the interval, so a periodic ``flush()`` (from a
     sampler thread) bounds how stale the file gets. ``close()`` removes the file.
+
+    Once a second by default: each write is four system calls on the sampler's thread, and
+    each gives up the interpreter lock, which a busy training thread must then hand back
+    (``watch`` shows a second-old state at worst, as ``nvidia-smi -l 1`` does).
     """
 
-    def __init__(self, info: dict[str, Any], min_interval: float = 0.5) -> None:
+    def __init__(self, info: dict[str, Any], min_interval: float = 1.0) -> None:
         self._lock = threading.Lock()
         self._owner_pid = os.getpid()  # a forked child (DataLoader worker) must not write
         self._min_interval = min_interval
