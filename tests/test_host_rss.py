@@ -7,7 +7,6 @@ import gc
 import multiprocessing
 import os
 import sys
-import time
 
 import psutil
 import pytest
@@ -24,8 +23,16 @@ def _hold(megabytes: int, ready, done) -> None:  # type: ignore[no-untyped-def]
     done.wait(30)
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _statm_fds() -> int:
+    """Descriptors of this process open on some process's ``statm``."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        count += target.endswith("/statm")
+    return count
 
 
 def test_rss_of_this_process_is_what_psutil_reads() -> None:
@@ -66,14 +73,14 @@ def test_a_child_counts_while_it_lives_and_not_after() -> None:
 
 @linux_only
 def test_reads_hold_no_descriptor_beyond_the_reader() -> None:
-    baseline = _open_fds()
+    gc.collect()  # readers left by earlier tests close theirs
+    baseline = _statm_fds()
     reader = ProcessTreeRss(relist_every=3)
     for _ in range(20):  # relisting closes what the last listing opened
         reader.read()
     # this process's statm and one per child (a helper left by another test)
     children = len(psutil.Process().children(recursive=True))
-    assert _open_fds() <= baseline + 1 + children
+    assert baseline < _statm_fds() <= baseline + 1 + children
     del reader
     gc.collect()
-    time.sleep(0)
-    assert _open_fds() == baseline
+    assert _statm_fds() == baseline

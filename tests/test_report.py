@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from vramscope.errors import VramscopeError
 from vramscope.report.findings import add_findings
 from vramscope.report.model import Report
 from vramscope.report.terminal import render
-from vramscope.tracking.sampler import SampleBuffer
+from vramscope.tracking.sampler import SampleBuffer, Sampler
 
 DATA = Path(__file__).parent / "data"
 
@@ -110,3 +111,29 @@ def test_sample_buffer_is_bounded_and_keeps_every_peak():
     assert len(samples) <= 65
     assert max(s[1] for s in samples) == 5000
     assert samples[-1][0] >= 9_900
+
+
+def test_a_longer_interval_set_while_the_sampler_sleeps_holds_at_once():
+    """The session slows the sampler on short steps while it sleeps: the tick already due
+    on the old interval reads nothing; the next sample comes on the new one."""
+    times: list[float] = []
+
+    def read(t: float) -> tuple:
+        times.append(t)
+        return (t, None, None, None, None)
+
+    sampler = Sampler(read, interval_s=0.2)
+    sampler.start()
+    try:
+        time.sleep(0.05)
+        sampler.interval_s = 3.0  # the tick due at 0.2 s reads nothing
+        time.sleep(0.6)
+        assert len(times) == 1
+    finally:
+        sampler.stop()
+    kept = Sampler(read, interval_s=0.05)
+    times.clear()
+    kept.start()
+    time.sleep(0.5)
+    kept.stop()
+    assert 5 <= len(times) <= 12  # every 0.05 s, none in a burst

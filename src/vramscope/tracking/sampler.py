@@ -97,19 +97,25 @@ class Sampler:
         self._thread.start()
 
     def _loop(self) -> None:
-        next_time = time.perf_counter()
+        due = time.perf_counter()  # when the last sample was due (a regular grid)
+        sampled = False
         while not self._stop.is_set():
-            try:
-                self.sample_now()
-            except Exception as exc:  # never take the user's run down with us
-                self.error = f"{type(exc).__name__}: {exc}"
-                return
-            next_time += self.interval_s
-            delay = next_time - time.perf_counter()
-            if delay < 0:  # fell behind (a long GIL hold): skip ahead, do not burst
-                next_time = time.perf_counter()
-                delay = 0
-            self._stop.wait(delay)
+            now = time.perf_counter()
+            interval = self.interval_s  # may change while asleep (Session paces it)
+            if not sampled or now >= due + interval * 0.98:  # (timers wake a hair early)
+                try:
+                    self.sample_now()
+                except Exception as exc:  # never take the user's run down with us
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    return
+                if sampled:
+                    due += interval
+                    if now - due > interval:  # fell behind (a long GIL hold): skip ahead
+                        due = now
+                sampled = True
+            # else the interval grew while asleep: wake again when it is up, reading nothing
+            # now (each sample gives the interpreter lock up and takes it back)
+            self._stop.wait(max(0.0, due + self.interval_s - time.perf_counter()))
 
     def sample_now(self) -> Sample:
         sample = self._read(time.perf_counter())
