@@ -50,6 +50,7 @@ import vramscope
 from vramscope.sources import allocator, nvml
 from vramscope.tracking.marking import SETTLED
 from vramscope.tracking.phase_reads import FIRST_STEPS as PHASE_FIRST_STEPS
+from vramscope.tracking.session import SAMPLE_INTERVAL_S
 from vramscope.workload import StepRunner, Workload
 from vramscope.zoo import hf_builder, torchvision_builder
 
@@ -191,9 +192,6 @@ def median_ci95(values: list[float]) -> list[float] | None:
 def pct_interval(ratios: list[float]) -> list[float] | None:
     ci = median_ci95(ratios)
     return [round(100 * ci[0], 2), round(100 * ci[1], 2)] if ci is not None else None
-
-
-SAMPLE_INTERVAL_S = 0.1  # the sampler thread's tick in a session (vramscope.Session's default)
 
 
 def tick_phases(runner: StepRunner, seed: int = 0) -> Callable[[], int]:

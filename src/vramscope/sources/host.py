@@ -23,6 +23,9 @@ def host_memory() -> HostMemory:
     return HostMemory(total_bytes=vm.total, available_bytes=vm.available, used_bytes=vm.used)
 
 
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def _open_statm(pid: int) -> int | None:
     """A descriptor of ``/proc/<pid>/statm`` (Linux), or None. Held open, it keeps reading
     the process it was opened for: a reused PID is never read instead."""
@@ -39,9 +42,6 @@ def _statm_rss(fd: int) -> int | None:
         return int(fields[1]) * _PAGE_SIZE
     except (OSError, IndexError, ValueError):
         return None
-
-
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _close_all(fds: list[int]) -> None:

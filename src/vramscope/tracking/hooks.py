@@ -171,8 +171,6 @@ def wrap_class(cls: type, instance: torch.nn.Module | None = None) -> None:
                 return original(self, *args, **kwargs)
             if _frame_callback() is not None:
                 return _calling_quietly(listeners, self, original, args, kwargs)
-            if len(listeners) == 1:  # the default detail: the phase hooks alone, around it
-                return listeners[0]._around(self, original, args, kwargs)
             # every listener around the call (at every step of a launch-bound loop: no
             # helper call)
             for listener in listeners:
@@ -321,25 +319,6 @@ class GlobalHooks:
         with self._depth_lock:
             if self.depth:
                 self.depth -= 1
-
-    def _around(self, module: torch.nn.Module, call: Any, args: Any, kwargs: Any) -> Any:
-        """``_enter``, the call, ``_exit`` in one frame: the wrapper's path when these hooks
-        listen alone (the default detail), once per model call of a launch-bound loop."""
-        lock = self._depth_lock
-        with lock:
-            self.depth += 1
-            outermost = self.depth == 1
-        if outermost and not self.in_backward:
-            self._forward_since_optimizer = True
-            if self.discovering:
-                self._forwards_since_discovery += 1
-            self.listener.on_forward_start(module)
-        try:
-            return call(module, *args, **kwargs)
-        finally:
-            with lock:
-                if self.depth:
-                    self.depth -= 1
 
     # ---- discovery ---------------------------------------------------------------------------
     def set_discovery(self, on: bool) -> None:

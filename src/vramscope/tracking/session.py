@@ -490,8 +490,8 @@ class Session:
         counts into the record before it (its phase times stay in the open record until the
         unread steps end) and go on in the same record object as the next step, its phase
         record renamed ``name``. False (and nothing done) where the full bookkeeping is
-        needed. (``_same_kind``, ``_time_unread`` and ``_marker`` written out: this runs at
-        every unread step, where each Python call costs microseconds.)"""
+        needed. (``_same_kind`` and ``_marker`` written out: this runs at every unread step,
+        where each Python call costs microseconds.)"""
         step, last, peak = self._step, self._steps.last, self._peak_record
         if (
             step is None
@@ -506,22 +506,10 @@ class Session:
             return False
         index = step.index
         phase = self._phase
-        t0 = self._t0
         if phase is None:
             self._phase = PhaseRecord(name, now, None)
         else:
-            phase_name, start = phase.name, phase.start_s
-            times = step.phase_times.get(phase_name)
-            if times is None:
-                step.phase_times[phase_name] = [1, now - start]
-            else:
-                times[0] += 1
-                times[1] += now - start
-            bands = self._phase_bands
-            if len(bands) < MAX_PHASE_BANDS:
-                bands.append((phase_name, index, start - t0, now - t0))
-            else:
-                self._dropped_bands += 1
+            self._time_unread(step, phase, now)
             phase.name, phase.start_s, phase.start_allocated = name, now, None
         last.count += 1
         last.forwards += step.forwards
@@ -539,7 +527,7 @@ class Session:
             step.forward_modules.clear()
         markers = self._markers
         if len(markers) < MAX_PHASE_BANDS:
-            markers.append({"kind": "step", "index": index, "t": now - t0})
+            markers.append({"kind": "step", "index": index, "t": now - self._t0})
         else:
             self._dropped_markers += 1
         hooks = self._hooks
