@@ -194,18 +194,31 @@ def pct_interval(ratios: list[float]) -> list[float] | None:
     return [round(100 * ci[0], 2), round(100 * ci[1], 2)] if ci is not None else None
 
 
-def tick_phases(runner: StepRunner, seed: int = 0) -> Callable[[], int]:
-    """Extra untimed steps for each tracked block, uniform over one sampler interval.
+def tick_phases(runner: StepRunner, seed: int = 0) -> Callable[[float | None], int]:
+    """Extra untimed steps for a tracked block, uniform over one interval of its sampler.
 
-    A tracked block is a fresh session whose sampler ticks at its start and every 0.1 s
-    after. With a fixed number of steps before the timed ones, the same tick (the one at
-    0.1 s) fell inside the timed steps of nearly every short-step block: twice the share of
-    ticks a long run's steps see. A random start, seeded, spreads the ticks over the steps
-    as a long run does."""
+    A tracked block is a fresh session whose sampler ticks at its start and every interval
+    after (0.1 s, or 0.5 s once the phases are read on a sample of short steps). With a fixed
+    number of steps before the timed ones, the same tick fell inside (or outside) the timed
+    steps of every short-step block: at 0.1 s twice the share of ticks a long run's steps
+    see, at 0.5 s none. A random start, seeded, spreads the ticks over the steps as a long
+    run does. The returned function takes the interval the block's sampler runs at (the
+    previous block of the same kind tells); None or over a second: no ticks to spread."""
     step_s = statistics.median(timed_steps(runner, 5))
-    span = max(1, math.ceil(SAMPLE_INTERVAL_S / step_s))
     rng = random.Random(seed)
-    return lambda: rng.randrange(span)
+
+    def extra(interval_s: float | None) -> int:
+        if interval_s is None or interval_s > 1.0:
+            return 0
+        return rng.randrange(max(1, math.ceil(interval_s / step_s)))
+
+    return extra
+
+
+def sampler_interval(context: object) -> float | None:
+    """The interval a tracked block's sampler runs at (read inside the block), or None."""
+    sampler = getattr(context, "_sampler", None)
+    return getattr(sampler, "interval_s", None)
 
 
 SHORT_STEP_S = 0.02  # steps shorter than this: many short blocks, the device's moods average out
@@ -359,7 +372,9 @@ def bench_methods(
     if short and "default" in methods:
         warmup = max(warmup, PHASE_FIRST_STEPS + 2)
     phase_reads: dict[str, dict] = {}  # method -> its last block's phase-read schedule
-    extra = tick_phases(runner) if short else (lambda: 0)
+    extra = tick_phases(runner) if short else (lambda interval_s: 0)
+    # the sampler's interval each method's blocks run at, as its last block ended
+    intervals: dict[str, float | None] = dict.fromkeys(methods, SAMPLE_INTERVAL_S)
 
     def block(method: str, r: int) -> list[float] | None:
         if method in SLOW_METHODS and r >= 2:
@@ -370,8 +385,9 @@ def bench_methods(
                 runner,
                 min(steps, 3) if method in SLOW_METHODS else steps,
                 after,
-                warmup=warmup + extra(),
+                warmup=warmup + extra(intervals[method]),
             )
+            intervals[method] = sampler_interval(context)
         schedule = getattr(context, "_phase_reads", None)
         if schedule is not None:  # the last block's: which steps read phase by phase
             phase_reads[method] = schedule.summary()
@@ -415,6 +431,8 @@ def bench_methods(
             "overhead_ci95_pct": pct_interval(ratios[method]),
             "mean_overhead_ci95_pct": pct_interval(mean_ratios[method]),
             "steps": len(times[method]),
+            # the interval its sampler ran at (the random extra warmup spans one of these)
+            "sampler_interval_s": intervals[method],
         }
         if method in phase_reads:
             result["methods"][method]["phase_reads"] = phase_reads[method]

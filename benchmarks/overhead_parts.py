@@ -34,6 +34,7 @@ import overhead
 import vramscope
 from vramscope.sources.allocator import LEDGER
 from vramscope.tracking.phase_reads import FIRST_STEPS as PHASE_FIRST_STEPS
+from vramscope.tracking.session import SAMPLE_INTERVAL_S
 from vramscope.workload import StepRunner
 
 VARIANTS = {
@@ -93,7 +94,7 @@ def _no_backward_markers():  # type: ignore[no-untyped-def]
         recorder = session._attribution
         if recorder is not None:
             recorder.backward_depth = 0
-        yield
+        yield session
 
 
 @contextlib.contextmanager
@@ -115,7 +116,7 @@ def _callbacks_off(transitions_only: bool, quiet: bool = False):  # type: ignore
         for name in CALLBACKS[:6]:
             setattr(session, name, close_discovery)
     with session:
-        yield
+        yield session
 
 
 @contextlib.contextmanager
@@ -125,8 +126,8 @@ def _gc_off():  # type: ignore[no-untyped-def]
     enabled = gc.isenabled()
     gc.disable()
     try:
-        with vramscope.Session():
-            yield
+        with vramscope.Session() as session:
+            yield session
     finally:
         if enabled:
             gc.enable()
@@ -140,7 +141,7 @@ def _sampler_reads_nothing():  # type: ignore[no-untyped-def]
     nothing = (None, None, None, None)
     session._sample = lambda t: (t - session._t0, *nothing)  # type: ignore[method-assign]
     with session:
-        yield
+        yield session
 
 
 @contextlib.contextmanager
@@ -150,7 +151,7 @@ def _sampler_without_host_memory():  # type: ignore[no-untyped-def]
     session = vramscope.Session()
     session._rss_sampler.read = lambda: None  # type: ignore[method-assign]
     with session:
-        yield
+        yield session
 
 
 def callback_times(runner: StepRunner, steps: int) -> dict:
@@ -242,10 +243,13 @@ def main() -> None:
     warmup = PHASE_FIRST_STEPS + 2
 
     extra = overhead.tick_phases(runner)  # the sampler's ticks where a long run has them
+    intervals: dict[str, float | None] = dict.fromkeys(variants, SAMPLE_INTERVAL_S)
 
     def block(name: str, r: int) -> list[float]:
-        with _variant(variants[name]):
-            return overhead.timed_steps(runner, steps, warmup=warmup + extra())
+        with _variant(variants[name]) as session:
+            values = overhead.timed_steps(runner, steps, warmup=warmup + extra(intervals[name]))
+            intervals[name] = overhead.sampler_interval(session)
+        return values
 
     mean_ratios: dict[str, list[float]] = {}
     times, ratios, _errors = overhead.interleave(
@@ -275,6 +279,7 @@ def main() -> None:
             # 95 % intervals of the two medians over the rounds
             "overhead_ci95_pct": overhead.pct_interval(ratios[name]),
             "mean_overhead_ci95_pct": overhead.pct_interval(mean_ratios[name]),
+            "sampler_interval_s": intervals[name],
         }
         ci = result["variants"][name]["overhead_ci95_pct"]
         within = f", 95 % CI {ci[0]:+.2f}..{ci[1]:+.2f}%" if ci else ""
