@@ -430,6 +430,8 @@ def bench_methods(
             # 95 % intervals of the two medians over the rounds
             "overhead_ci95_pct": pct_interval(ratios[method]),
             "mean_overhead_ci95_pct": pct_interval(mean_ratios[method]),
+            # each round's ratio, so that runs of the same code can be pooled
+            "round_overhead_pct": [round(100 * x, 3) for x in ratios[method]],
             "steps": len(times[method]),
             # the interval its sampler ran at (the random extra warmup spans one of these)
             "sampler_interval_s": intervals[method],
