@@ -34,7 +34,7 @@ import overhead
 import vramscope
 from vramscope.sources.allocator import LEDGER
 from vramscope.tracking.phase_reads import FIRST_STEPS as PHASE_FIRST_STEPS
-from vramscope.tracking.session import SAMPLE_INTERVAL_S
+from vramscope.tracking.session import SAMPLE_INTERVAL_S, SPACED_SAMPLE_INTERVAL_S
 from vramscope.workload import StepRunner
 
 VARIANTS = {
@@ -42,7 +42,8 @@ VARIANTS = {
     "phase reads every step": {"phase_steps": "all"},
     "hooks, callbacks do nothing": lambda: _callbacks_off(transitions_only=False),
     "hooks and callbacks, no phase bookkeeping": lambda: _callbacks_off(transitions_only=True),
-    "no hooks": {"hooks": False},
+    # (without phase reads nothing slows the sampler: these two run it at the paced interval)
+    "no hooks": {"hooks": False, "interval_s": SPACED_SAMPLE_INTERVAL_S},
     "no sampler, no status file": {"interval_s": 1e6, "status": False},
     "hooks only, callbacks do nothing, no sampler": lambda: _callbacks_off(
         transitions_only=False, quiet=True
@@ -101,9 +102,11 @@ def _no_backward_markers():  # type: ignore[no-untyped-def]
 def _callbacks_off(transitions_only: bool, quiet: bool = False):  # type: ignore[no-untyped-def]
     """Default tracking with the session's hook callbacks (or only its phase and step
     bookkeeping) doing nothing but closing the discovery window once the model is found (as
-    the first step's end does): what the hooks' own machinery costs. ``quiet``: without the
-    sampler thread and status file too."""
-    session = vramscope.Session(**({"interval_s": 1e6, "status": False} if quiet else {}))
+    the first step's end does): what the hooks' own machinery costs. Its sampler runs at
+    the interval the default's slows to on short steps (nothing here reads the phases, which
+    is what slows it). ``quiet``: without the sampler thread and status file too."""
+    quietly = {"interval_s": 1e6, "status": False}
+    session = vramscope.Session(**(quietly if quiet else {"interval_s": SPACED_SAMPLE_INTERVAL_S}))
 
     def close_discovery(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         hooks = session._hooks
