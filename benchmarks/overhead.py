@@ -150,14 +150,19 @@ def timed_steps(
     runner: StepRunner, steps: int, after_step: Callable | None = None, warmup: int = 1
 ) -> list[float]:
     """Each step's time, the device synchronized before and after it; the block's first
-    ``warmup`` steps are run but not kept: a new session's one-time work (finding the model,
-    counting its bytes; with ``--detail modules`` its first marked steps and the step it
-    times without markers) happens there once per run, not per step."""
+    ``warmup`` steps are run (each synchronized too) but not kept: a new session's one-time
+    work (finding the model, counting its bytes; with ``--detail modules`` its first marked
+    steps and the step it times without markers) happens there once per run, not per step.
+    Unsynchronized, a long warmup of a GPU-bound step kept the GPU busy without a gap for up
+    to half a second before the timed steps of a tracked block only."""
     times = []
+    # synchronized as the timed steps are: the GPU's recent duty cycle (clocks, power) is
+    # then the same before every block's timed steps, whatever the length of its warmup
     for _ in range(warmup):
         runner()
         if after_step is not None:
             after_step()
+        torch.cuda.synchronize()
     for _ in range(steps):
         torch.cuda.synchronize()
         start = time.perf_counter()
