@@ -25,7 +25,10 @@ SCRIPT = Path(__file__).parent / "scripts" / "compiled_gpt.py"
 
 @functools.cache
 def _run(*argv: str) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # one thread: inductor's CPU kernels on two threads sum in an order that depends on the
+    # machine's load (three plain runs side by side: now and then one's last loss differs in
+    # the 7th digit, with or without vramscope); on one thread every run gives the same bits
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, *argv], capture_output=True, text=True, timeout=600, env=env
     )
