@@ -455,7 +455,7 @@ def bench_methods(
 
 
 def print_methods(results: list[dict], methods: list[str], meta: dict) -> None:
-    print(f"\n{'workload':28s} {'base ms':>9s}" + "".join(f" {m:>16s}" for m in methods))
+    print(f"\n{'workload':28s} {'base ms':>9s}" + "".join(f" {m:>24s}" for m in methods))
     for r in results:
         if "error" in r:
             print(f"{r['workload']:28s} ERROR {r['error']}")
@@ -464,9 +464,9 @@ def print_methods(results: list[dict], methods: list[str], meta: dict) -> None:
         for m in methods:
             x = r["methods"].get(m, {})
             cells.append(
-                f" {'ERROR':>16s}"
-                if "error" in x
-                else f" {x['step_ms']:8.2f} {x['overhead_pct']:+6.1f}%"
+                f" {'ERROR':>24s}"
+                if "error" in x  # the tracked step, the overhead, and what it is a step
+                else f" {x['step_ms']:8.2f} {x['overhead_pct']:+6.1f}% {x['cost_us_per_step']:5.0f}µs"
             )
         print(f"{r['workload']:28s} {r['step_ms_baseline']:9.2f}" + "".join(cells))
     for r in results:

@@ -465,23 +465,26 @@ _WORKLOADS = {
 
 
 def _overhead(root: Path, name: str, methods: tuple[str, ...], step: bool) -> str:
+    """``step``: with the untracked step's time and the default's absolute cost a step."""
     data = load(root, name)
     rows, by_method = [], {m: [] for m in methods}
     for r in data["results"]:
         row = [_WORKLOADS.get(r["workload"], r["workload"]), r["batch_size"]]
         if step:
             row.append(f"{r['step_ms_baseline']:.2f}")
+            cost = (r["methods"].get("default") or {}).get("cost_us_per_step")
+            row.append(f"{cost:.0f}" if cost is not None else "")
         for m in methods:
             value = (r["methods"].get(m) or {}).get("overhead_pct")
             by_method[m].append(value)
             row.append(pct(value, digits=1))
         rows.append(row)
-    summary = ["**median / worst**", ""] + ([""] if step else [])
+    summary = ["**median / worst**", ""] + (["", ""] if step else [])
     for m in methods:
         values = [v for v in by_method[m] if v is not None]
         summary.append(f"**{statistics.median(values):+.1f} % / {max(values):+.1f} %**")
     rows.append(summary)
-    header = ["workload", "batch"] + (["step (ms)"] if step else [])
+    header = ["workload", "batch"] + (["step (ms)", "default (µs a step)"] if step else [])
     header += [_METHODS.get(m, f"`--detail {m}`") for m in methods]
     return block(
         markdown(header, rows),
