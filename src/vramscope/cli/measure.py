@@ -7,7 +7,7 @@ import sys
 import click
 
 from vramscope.cli.common import check_paths, emit, output_options, workload_options
-from vramscope.cli.run import detail_options
+from vramscope.cli.run import detail_options, interval_option
 from vramscope.tracking.runner import StopSignals, measure
 
 
@@ -22,13 +22,7 @@ from vramscope.tracking.runner import StopSignals, measure
     help="Steps to measure, the first included.",
 )
 @click.option("--device", help="cuda, cuda:N or cpu (default: CUDA when present).")
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.001),
-    default=None,
-    help="Timeline sampling interval in seconds [default: 0.1; 0.5 while the steps are so "
-    "short that their phases are read on a sample of them].",
-)
+@interval_option
 @detail_options
 @output_options
 def command(

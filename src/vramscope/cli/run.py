@@ -11,6 +11,15 @@ import click
 from vramscope.cli.common import check_paths, emit, output_options, real_stdout
 from vramscope.distributed import DEFAULT_TIMEOUT_S, VIA
 
+# the timeline's sampling interval, shared by run and measure
+interval_option = click.option(
+    "--interval",
+    type=click.FloatRange(min=0.001),
+    default=None,
+    help="Timeline sampling interval in seconds [default: 0.1; 0.5 while the steps are so "
+    "short that their phases are read on a sample of them].",
+)
+
 
 def detail_options(func):
     """--detail/--depth/--lines-of/--snapshot (attribution), shared by run and measure."""
@@ -116,13 +125,7 @@ def distributed_options(func):
 )
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.001),
-    default=None,
-    help="Timeline sampling interval in seconds [default: 0.1; 0.5 while the steps are so "
-    "short that their phases are read on a sample of them].",
-)
+@interval_option
 @click.option(
     "--allocator-config",
     help="PYTORCH_CUDA_ALLOC_CONF options for the run, e.g. expandable_segments:True.",
