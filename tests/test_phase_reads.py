@@ -40,7 +40,7 @@ def run(schedule: ReadSchedule, steps: int, step_s: float, cost_s: float, force=
 
 def test_the_first_steps_are_read_then_one_in_n_by_what_the_reads_cost():
     schedule = ReadSchedule("auto")
-    # reads take 100 µs of a 4 ms step (2.5 %): 1 step in 2.5 % / 0.25 % = 10
+    # reads take 100 µs of a 4 ms step (2.5 %): 1 step in 2.5 % / COST_SHARE (0.1 %) = 25
     read = run(schedule, 80, step_s=0.004, cost_s=0.0001)
     assert read[:FIRST_STEPS] == list(range(FIRST_STEPS))
     assert schedule.interval == round(0.025 / COST_SHARE)
@@ -52,7 +52,7 @@ def test_the_first_steps_are_read_then_one_in_n_by_what_the_reads_cost():
 
 def test_cheap_reads_read_every_step_and_a_tiny_step_caps_the_spacing():
     assert run(ReadSchedule("auto"), 60, step_s=0.2, cost_s=0.0001) == list(range(60))
-    # reads at 0.4 % of a 50 ms step: every step keeps its entry; at 0.6 %, spaced to 0.25 %
+    # reads at 0.4 % of a 50 ms step: every step keeps its entry; at 0.6 %, spaced to 0.1 %
     assert run(ReadSchedule("auto"), 60, step_s=0.05, cost_s=0.0002) == list(range(60))
     schedule = ReadSchedule("auto")
     run(schedule, 60, step_s=0.05, cost_s=0.0003)
@@ -60,6 +60,26 @@ def test_cheap_reads_read_every_step_and_a_tiny_step_caps_the_spacing():
     schedule = ReadSchedule("auto")
     run(schedule, 60, step_s=0.0002, cost_s=0.0002)  # reads double a 0.2 ms step
     assert schedule.interval == MAX_INTERVAL
+
+
+def test_the_read_that_closes_a_read_step_counts_as_its_cost():
+    """A read step followed by an unread one is closed by a read at the unread step's first
+    boundary: that read is the read step's cost too, so the spacing doubles where it costs as
+    much as the read step's own (a batch-1 inference: one boundary a step)."""
+
+    def spacing(told: bool) -> int:
+        schedule, now, read_before = ReadSchedule("auto"), 0.0, False
+        for _ in range(FIRST_STEPS + 8 * 60):
+            read = schedule.begin(now, 0.0001 if read_before else 0.0)
+            if told and read_before and not read:
+                schedule.closing_cost(0.0001)  # the first unread step's boundary read
+                schedule.closing_cost(0.0001)  # told once per read step: ignored
+            read_before = read
+            now += 0.004 + (0.0001 if read else 0.0)
+        return schedule.interval
+
+    assert spacing(told=False) == math.ceil(0.025 / COST_SHARE)
+    assert spacing(told=True) == min(MAX_INTERVAL, math.ceil(0.05 / COST_SHARE))
 
 
 def test_all_number_force_and_again():

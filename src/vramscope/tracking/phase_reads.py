@@ -12,7 +12,10 @@ The steps of a loop repeat, so on CUDA:
   take at most ``EVERY_STEP_SHARE`` of a step (an ordinary step of tens of milliseconds keeps
   one report entry per step), else 1 step in N, N chosen so that they take ``COST_SHARE`` on
   average. The share is vramscope's own time at the step's phase boundaries over the rest of
-  the step, the median of the last ``SHARES`` read steps.
+  the step, the median of the last ``SHARES`` read steps. A read step followed by an unread
+  one costs one read more: the first boundary of the unread step reads too, to close the
+  read step's last phase with its exact peak (``closing_cost``); a batch-1 inference, one
+  phase a step, pays twice what its read step's own boundaries say.
 
 A step between two read steps reads nothing. The allocator's peak counters are then not reset
 until the next read, at the first boundary of the next read step, so that read returns the
@@ -32,7 +35,7 @@ from collections import deque
 from vramscope.tracking.marking import check_policy
 
 FIRST_STEPS = 16  # always read phase by phase: the first steps differ (optimizer state, caches)
-COST_SHARE = 0.0025  # "auto": what the reads may take of a step on average, once spaced
+COST_SHARE = 0.001  # "auto": what the reads may take of a step on average, once spaced
 EVERY_STEP_SHARE = 0.005  # "auto": up to this share, every step is read
 MAX_INTERVAL = 64
 SHARES = 8  # "auto": read steps whose cost share decides the spacing
@@ -50,6 +53,7 @@ class ReadSchedule:
         self.policy = check_phase_policy(policy)
         self.interval = policy if isinstance(policy, int) else 1
         self._shares: deque[float] = deque(maxlen=SHARES)
+        self._last_rest: float | None = None  # the rest of the read step whose share came last
         self._open: tuple[float, bool] | None = None  # (start, read) of the open step
         self._count = 0  # steps begun
         self._since_read = 0
@@ -67,11 +71,13 @@ class ReadSchedule:
         """A step begins at ``now``; the step before took ``cost_s`` of vramscope's time at
         its boundaries. ``force``: a step that must be read (the first, a new pass)."""
         self._settle()
+        self._last_rest = None
         if self._open is not None:
             start, read = self._open
             rest = now - start - cost_s
             if read and rest > 0 and self._count > 2:  # the first steps warm up
                 self._shares.append(cost_s / rest)
+                self._last_rest = rest
                 self._update_interval()
         read = self._decide(force)
         self._open = (now, read)
@@ -85,6 +91,14 @@ class ReadSchedule:
         unread_next = self.interval - 1 - self._since_read  # what _decide will say
         self.ahead = unread_next if self._again == 0 and self.policy != "all" else 0
         return read
+
+    def closing_cost(self, cost_s: float) -> None:
+        """The first boundary of an unread step after a read one took ``cost_s``: it read
+        the allocator to close the read step's last phase, so it is that step's cost."""
+        if self._last_rest is not None and self._shares:
+            self._shares[-1] += cost_s / self._last_rest
+            self._last_rest = None
+            self._update_interval()
 
     def _settle(self) -> None:
         """Count the steps turned over without ``begin`` (all unread)."""

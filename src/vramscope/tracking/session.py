@@ -43,6 +43,7 @@ SAMPLE_INTERVAL_S = 0.1  # the timeline's sampler, by default
 # 10 samples a second show nothing inside such steps anyway (the phases' peaks come from
 # the allocator's reads)
 SPACED_SAMPLE_INTERVAL_S = 0.5
+_grad_enabled = torch.is_grad_enabled  # (read at every model call)
 CENSUS_EVERY_STEP = 8  # optimizer steps counted one by one while a new optimizer has no state
 
 
@@ -97,6 +98,13 @@ class Session:
         self._boundary_cost = 0.0  # vramscope's time at the open step's boundaries
         self._span_start: int | None = None  # first step of the unread steps now running
         self._span_peak: tuple[int, int] | None = None  # unread steps that held the run's peak
+        # the unread steps' phases and step ends, as they happen: (phase, start, end, step)
+        # and, where a step ended, its (forwards, backwards, grad_forward) after them;
+        # counted into the records by _count_unread when the unread steps end
+        self._unread_log: list[tuple[Any, ...]] = []
+        # while unread steps fold into the record before them: that record's kind, (no
+        # backward, optimizer step), which the next unread step must have to fold too
+        self._fold_kind: tuple[bool, bool] | None = None
         self.name = name
         self.workload_info = dict(workload or {})
         self.detail = detail
@@ -225,6 +233,7 @@ class Session:
         self._running = False
         try:
             now = time.perf_counter()
+            self._count_unread()
             light = self._read_light(reset=False)
             self._close_phase(now, light)
             self._finish_step(now, light)
@@ -460,42 +469,65 @@ class Session:
         step = self._step
         decided = None
         if step is not None and not self._step_reads and not self._force_new_step:
-            # a step that reads nothing: the few lines a launch-bound step can afford
-            if new_step:  # it ends; when the next one reads nothing either, it goes on in
-                schedule = self._phase_reads  # the same record (the schedule is told later)
-                if schedule.ahead > 0 and self._next_unread_step(now, name):  # type: ignore[union-attr]
-                    schedule.ahead -= 1  # type: ignore[union-attr]
-                    schedule.skipped += 1  # type: ignore[union-attr]
-                    return
-                decided = schedule.begin(now, 0.0)  # type: ignore[union-attr]
-                if not decided and self._next_unread_step(now, name):
-                    return
-            else:  # the phase record goes on, renamed
-                phase = self._phase
+            # a step that reads nothing: the few lines a launch-bound step can afford. What
+            # it did goes to a log, counted into the records when the unread steps end
+            # (_count_unread): each object touched here costs a launch-bound step time
+            phase = self._phase
+            if not new_step:  # the phase record goes on, renamed
                 if phase is None:
                     self._phase = PhaseRecord(name, now, None)
                 else:
-                    self._time_unread(step, phase, now)
+                    self._unread_log.append((phase.name, phase.start_s, now, step.index))
                     phase.name, phase.start_s, phase.start_allocated = name, now, None
+                return
+            # it ends; when the next one reads nothing either, it goes on in the same
+            # record, folded into the record before it (the schedule is told later)
+            schedule = self._phase_reads
+            folds = (
+                self._fold_kind == (not step.backwards, step.saw_optimizer)
+                and (step.forwards or step.backwards or step.saw_optimizer)
+            ) or self._can_fold(step)
+            if folds and schedule.ahead > 0:  # type: ignore[union-attr]
+                schedule.ahead -= 1  # type: ignore[union-attr]
+                schedule.skipped += 1  # type: ignore[union-attr]
+            else:
+                decided = schedule.begin(now, 0.0)  # type: ignore[union-attr]
+                folds = folds and not decided
+            if folds:
+                index = step.index
+                if phase is None:  # (after an explicit step(): no phase to close)
+                    self._phase = phase = PhaseRecord(None, now, None)  # type: ignore[arg-type]
+                self._unread_log.append(
+                    (phase.name, phase.start_s, now, index, step.forwards, step.backwards,
+                     step.grad_forward)
+                )  # fmt: skip
+                phase.name, phase.start_s, phase.start_allocated = name, now, None
+                step.index, step.start_s, step.forwards, step.backwards = index + 1, now, 0, 0
+                step.saw_optimizer = step.grad_forward = False
+                if step.forward_modules:
+                    step.forward_modules.clear()
+                hooks = self._hooks
+                if hooks is not None and hooks.discovering:
+                    hooks.on_step_boundary()
                 return
         starting = self._step is None or new_step or self._force_new_step
         light = self._boundary(now, starting, decided)
         self._phase = PhaseRecord(name, now, light[0] if light is not None else None)
         if self._attribution is not None:  # attribution: a phase marker
             self._attribution.on_phase(name)
-        self._boundary_cost += time.perf_counter() - now
+        if starting and not self._step_reads and light is not None:
+            # an unread step begins with the read that closes the read step before it
+            self._phase_reads.closing_cost(time.perf_counter() - now)  # type: ignore[union-attr]
+        else:
+            self._boundary_cost += time.perf_counter() - now
 
-    def _next_unread_step(self, now: float, name: str) -> bool:
-        """The open step read nothing and neither will the next: fold the open step's
-        counts into the record before it (its phase times stay in the open record until the
-        unread steps end) and go on in the same record object as the next step, its phase
-        record renamed ``name``. False (and nothing done) where the full bookkeeping is
-        needed. (``_same_kind`` and ``_marker`` written out: this runs at every unread step,
-        where each Python call costs microseconds.)"""
-        step, last, peak = self._step, self._steps.last, self._peak_record
+    def _can_fold(self, step: StepRecord) -> bool:
+        """Whether the open step, which read nothing, can be folded into the record before
+        it (``_same_kind`` written out); if so, later unread steps of its kind fold without
+        asking until the log is counted."""
+        last, peak = self._steps.last, self._peak_record
         if (
-            step is None
-            or last is None
+            last is None
             or last is peak
             or step is peak
             or not (step.forwards or step.backwards or step.saw_optimizer)
@@ -504,41 +536,45 @@ class Session:
             or last.saw_optimizer != step.saw_optimizer
         ):
             return False
-        index = step.index
-        phase = self._phase
-        if phase is None:
-            self._phase = PhaseRecord(name, now, None)
-        else:
-            self._time_unread(step, phase, now)
-            phase.name, phase.start_s, phase.start_allocated = name, now, None
-        last.count += 1
-        last.forwards += step.forwards
-        last.backwards += step.backwards
-        if step.grad_forward:
-            last.grad_forward = True
-        last.last_index = index
-        last.end_s = now
-        last.reads = False
-        self._steps.total += 1
-        index += 1
-        step.index, step.start_s, step.forwards, step.backwards = index, now, 0, 0
-        step.saw_optimizer = step.grad_forward = False
-        if step.forward_modules:
-            step.forward_modules.clear()
-        markers = self._markers
-        if len(markers) < MAX_PHASE_BANDS:
-            markers.append({"kind": "step", "index": index, "t": now - self._t0})
-        else:
-            self._dropped_markers += 1
-        hooks = self._hooks
-        if hooks is not None and hooks.discovering:
-            hooks.on_step_boundary()
+        self._fold_kind = (not step.backwards, step.saw_optimizer)
         return True
+
+    def _count_unread(self) -> None:
+        """Count the log of the unread steps into the records: each phase's occurrence and
+        time into the open record, its band into the timeline, and each step that ended into
+        the record before the open one, with its step marker."""
+        self._fold_kind = None
+        log = self._unread_log
+        if not log:
+            return
+        step, last = self._step, self._steps.last
+        t0, markers = self._t0, self._markers
+        for entry in log:
+            name, end, index = entry[0], entry[2], entry[3]
+            if name is not None and step is not None:  # None: no phase was open
+                self._time_unread(step, name, entry[1], end, index)
+            if len(entry) == 4 or last is None:
+                continue
+            last.count += 1
+            last.forwards += entry[4]
+            last.backwards += entry[5]
+            if entry[6]:
+                last.grad_forward = True
+            last.last_index = index
+            last.end_s = end
+            last.reads = False
+            self._steps.total += 1
+            if len(markers) < MAX_PHASE_BANDS:
+                markers.append({"kind": "step", "index": index + 1, "t": end - t0})
+            else:
+                self._dropped_markers += 1
+        log.clear()
 
     def _boundary(self, now: float, starting: bool, decided: bool | None = None) -> _Light | None:
         """Close the open phase (and, ``starting``, the step); the allocator is read where
         the open step reads, or the next one will (its first boundary closes what came
         before it). ``decided``: whether the next step reads, when already asked."""
+        self._count_unread()
         reads = self._step_reads
         next_reads = True
         schedule = self._phase_reads
@@ -569,26 +605,22 @@ class Session:
         else:
             if light is not None:  # the read that ends the unread steps
                 self._peak_without_phase(light, step)
-            self._time_unread(step, phase, now)
+            self._time_unread(step, name, phase.start_s, now, step.index)
             return
         self._band(name, step.index, phase.start_s, now)
 
-    def _time_unread(self, step: StepRecord, phase: PhaseRecord, now: float) -> None:
-        """A phase of an unread step ends: its occurrence and time, no PhaseStats (and
-        ``_band`` written out: this runs at every boundary of every unread step)."""
-        name, start = phase.name, phase.start_s
+    def _time_unread(
+        self, step: StepRecord, name: str, start: float, end: float, index: int
+    ) -> None:
+        """A phase of an unread step (``index``) ended: its occurrence and time into the
+        open record ``step``, no PhaseStats, and its band."""
         times = step.phase_times.get(name)
         if times is None:
-            step.phase_times[name] = [1, now - start]
+            step.phase_times[name] = [1, end - start]
         else:
             times[0] += 1
-            times[1] += now - start
-        bands = self._phase_bands
-        if len(bands) < MAX_PHASE_BANDS:
-            t0 = self._t0
-            bands.append((name, step.index, start - t0, now - t0))
-        else:
-            self._dropped_bands += 1
+            times[1] += end - start
+        self._band(name, index, start, end)
 
     def _band(self, name: str, step: int, start: float, end: float) -> None:
         if len(self._phase_bands) < MAX_PHASE_BANDS:
@@ -733,6 +765,8 @@ class Session:
             self._sampler_paces.append((round(time.perf_counter() - self._t0, 6), interval))
 
     def _marker(self, marker: dict[str, Any]) -> None:
+        if self._unread_log:  # in the order of their times
+            self._count_unread()
         if len(self._markers) < MAX_PHASE_BANDS:
             self._markers.append(marker)
         else:
@@ -776,7 +810,8 @@ class Session:
     def on_forward_start(self, module: torch.nn.Module) -> None:
         if not self._running or (self._last_model() is not module and not self._is_model(module)):
             return
-        grad = torch.is_grad_enabled()
+        grad = _grad_enabled()
+        key = id(module)
         step = self._step
         new_step = False
         if (
@@ -784,7 +819,7 @@ class Session:
             and not self._explicit_steps
             and (
                 step.saw_optimizer
-                or (not grad and (step.backwards or id(module) in step.forward_modules))
+                or (not grad and (step.backwards or key in step.forward_modules))
                 or (grad and step.forwards and not step.grad_forward)
             )
         ):
@@ -803,8 +838,9 @@ class Session:
             if step.forwards == 0 and step.reads:
                 step.grads_live_at_start = self._grads_live(module)
             step.forwards += 1
-            step.grad_forward = step.grad_forward or grad
-            step.forward_modules.add(id(module))
+            if grad:
+                step.grad_forward = True
+            step.forward_modules.add(key)
 
     def on_backward_start(self) -> None:
         if not self._running:
