@@ -74,6 +74,37 @@ def test_steps_read_on_a_schedule_keep_every_peak_exact() -> None:
     assert all(s.micro_batches == 1 for s in steps)
 
 
+def test_unread_steps_counted_at_once_or_late_give_the_same_records(monkeypatch) -> None:
+    """An unread step only logs what it did; the log is counted into the records when the
+    next step reads, or sooner when it grows long (``UNREAD_LOG_LIMIT``). Counted after every
+    entry or at the read, the records are the same: steps, counts, phases and exact peaks."""
+    from vramscope.tracking import session as session_module
+
+    device = torch.device("cuda")
+    w = build_gpt(8, device)
+    runner = StepRunner(w, device)
+    for _ in range(2):
+        runner()
+
+    def records(limit: int) -> list[tuple]:
+        monkeypatch.setattr(session_module, "UNREAD_LOG_LIMIT", limit)
+        with vramscope.track(phase_steps=5) as session:
+            for _ in range(40):
+                runner()
+        report = session.report()
+        assert sum(s.count for s in report.steps) == 40
+        assert len(report.timeline.markers) >= 40
+        return [
+            (s.index, s.count, s.last_index, s.peak_allocated_bytes,
+             sorted((p.name, p.count) for p in s.phases))
+            for s in report.steps
+        ]  # fmt: skip
+
+    at_the_read = records(4096)
+    assert len(at_the_read) < 40  # unread steps were folded
+    assert records(1) == at_the_read
+
+
 def test_the_sampler_slows_once_phases_are_read_on_a_sample_of_the_steps() -> None:
     """Steps read 1 in 4: from the first unread step the sampler ticks every 0.5 s (its turns
     at the interpreter lock cost a short step more than its samples show); an interval the

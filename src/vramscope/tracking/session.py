@@ -35,6 +35,9 @@ from vramscope.tracking.sampler import Sample, Sampler
 
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_PHASE_BANDS = 10_000  # timeline bands and markers kept (the first ones)
+# unread steps' log entries counted into the records at the latest (a long spacing given
+# as --phase-steps N would otherwise keep every entry of N steps)
+UNREAD_LOG_LIMIT = 4096
 NVML_PROCESS_INTERVAL_S = 1.0
 SAMPLE_INTERVAL_S = 0.1  # the timeline's sampler, by default
 # ... while the steps are so short that their phases are read on a sample of them: each tick
@@ -477,8 +480,11 @@ class Session:
                 if phase is None:
                     self._phase = PhaseRecord(name, now, None)
                 else:
-                    self._unread_log.append((phase.name, phase.start_s, now, step.index))
+                    log = self._unread_log
+                    log.append((phase.name, phase.start_s, now, step.index))
                     phase.name, phase.start_s, phase.start_allocated = name, now, None
+                    if len(log) >= UNREAD_LOG_LIMIT:
+                        self._count_unread()
                 return
             # it ends; when the next one reads nothing either, it goes on in the same
             # record, folded into the record before it (the schedule is told later)
@@ -497,11 +503,14 @@ class Session:
                 index = step.index
                 if phase is None:  # (after an explicit step(): no phase to close)
                     self._phase = phase = PhaseRecord(None, now, None)  # type: ignore[arg-type]
-                self._unread_log.append(
+                log = self._unread_log
+                log.append(
                     (phase.name, phase.start_s, now, index, step.forwards, step.backwards,
                      step.grad_forward)
                 )  # fmt: skip
                 phase.name, phase.start_s, phase.start_allocated = name, now, None
+                if len(log) >= UNREAD_LOG_LIMIT:
+                    self._count_unread()
                 step.index, step.start_s, step.forwards, step.backwards = index + 1, now, 0, 0
                 step.saw_optimizer = step.grad_forward = False
                 if step.forward_modules:
