@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from rich.console import Console
 from torch.nn.modules import module as module_mod
@@ -62,6 +64,52 @@ def test_inference_forward_calls_are_steps():
             model(torch.randn(2, 4))
     steps = session.report().steps
     assert len(steps) == 5 and all(s.mode == "eval" for s in steps)
+
+
+class _Branch(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class _Fanned(torch.nn.Module):
+    """A model whose forward runs its two branch models on threads of their own, as
+    DataParallel runs its replicas."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches = torch.nn.ModuleList([_Branch(), _Branch()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: list[torch.Tensor | None] = [None, None]
+
+        def run(i: int) -> None:
+            out[i] = self.branches[i](x)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return out[0] + out[1]  # type: ignore[operator]
+
+
+def test_models_called_inside_a_model_on_other_threads_are_not_steps():
+    """The model-call depth counts the calls under way on every thread: the branch models,
+    watched so their calls reach the hooks too, run on threads while the outer model's call
+    is under way, and each outer call is one forward of one step."""
+    model = _Fanned()
+    with vramscope.track() as session, torch.no_grad():
+        session.watch(model, *model.branches)
+        for _ in range(12):
+            model(torch.randn(2, 4))
+        assert session._hooks is not None and session._hooks.depth == 0
+    steps = session.report().steps
+    assert sum(s.count for s in steps) == 12
+    assert all(s.micro_batches == 1 for s in steps)  # one forward a step, not three
 
 
 def test_explicit_markers_take_over():
