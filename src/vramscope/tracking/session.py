@@ -489,10 +489,13 @@ class Session:
             # it ends; when the next one reads nothing either, it goes on in the same
             # record, folded into the record before it (the schedule is told later)
             schedule = self._phase_reads
-            folds = (
-                self._fold_kind == (not step.backwards, step.saw_optimizer)
-                and (step.forwards or step.backwards or step.saw_optimizer)
-            ) or self._can_fold(step)
+            folds = phase is not None and (
+                (
+                    self._fold_kind == (not step.backwards, step.saw_optimizer)
+                    and (step.forwards or step.backwards or step.saw_optimizer)
+                )
+                or self._can_fold(step)
+            )
             if folds and schedule.ahead > 0:  # type: ignore[union-attr]
                 schedule.ahead -= 1  # type: ignore[union-attr]
                 schedule.skipped += 1  # type: ignore[union-attr]
@@ -501,8 +504,6 @@ class Session:
                 folds = folds and not decided
             if folds:
                 index = step.index
-                if phase is None:  # (after an explicit step(): no phase to close)
-                    self._phase = phase = PhaseRecord(None, now, None)  # type: ignore[arg-type]
                 log = self._unread_log
                 log.append(
                     (phase.name, phase.start_s, now, index, step.forwards, step.backwards,
@@ -559,9 +560,9 @@ class Session:
         step, last = self._step, self._steps.last
         t0, markers = self._t0, self._markers
         for entry in log:
-            name, end, index = entry[0], entry[2], entry[3]
-            if name is not None and step is not None:  # None: no phase was open
-                self._time_unread(step, name, entry[1], end, index)
+            end, index = entry[2], entry[3]
+            if step is not None:
+                self._time_unread(step, entry[0], entry[1], end, index)
             if len(entry) == 4 or last is None:
                 continue
             last.count += 1
