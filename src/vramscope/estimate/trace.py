@@ -116,6 +116,12 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
         self._local = threading.local()
         self._fake_templates: dict[torch.device, Any] = {}
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> TracingMode:
+        # a fake tensor's ``__dict__`` names its mode, and ``copy.deepcopy`` of a module
+        # (``nn.TransformerEncoder`` clones its layer so) copies that dict: the copies belong
+        # to this same mode, as a GPU's copies belong to the same device
+        return self
+
     @property
     def avoid_device_init(self) -> bool:  # never move constants to the (absent) device
         return True
@@ -543,6 +549,49 @@ def _flex_attention_uncompiled() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _compiled_code_runs_eagerly() -> Iterator[None]:
+    """``torch.compile`` (of the model, of a function the model calls, inside ``build()`` or
+    the step) is not traced: under ``set_stance("force_eager")`` every compiled callable runs
+    its original Python code, op by op, as eager PyTorch runs it."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:  # torch < 2.6
+        yield
+        return
+    with set_stance("force_eager"):
+        yield
+
+
+_COMPILED_NOTE = (
+    "{what} is compiled (torch.compile): estimated as its eager original; the compiled "
+    "code fuses operations and usually keeps less memory than this"
+)
+
+
+def _eager_original(workload: Workload, recorder: Recorder) -> Workload:
+    """A model compiled in ``build()`` is estimated as the module it wraps (its names are
+    the original's), and the report says so."""
+    model = workload.model
+    compiled = [
+        name or f"the model ({type(getattr(module, '_orig_mod', module)).__name__})"
+        for name, module in model.named_modules()
+        if hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None)
+    ]
+    for fn in (workload.loss, workload.step):
+        if fn is not None and hasattr(fn, "_torchdynamo_orig_callable"):
+            compiled.append(getattr(fn, "__name__", "the loss"))
+    if not compiled:
+        return workload
+    recorder.notes.append(_COMPILED_NOTE.format(what=", ".join(dict.fromkeys(compiled))))
+    while hasattr(model, "_orig_mod") and isinstance(model._orig_mod, torch.nn.Module):
+        model = model._orig_mod
+    if model is workload.model:
+        return workload
+    import dataclasses
+
+    return dataclasses.replace(workload, model=model)
+
+
+@contextlib.contextmanager
 def _storage_resizes(recorder: Recorder) -> Iterator[None]:
     """``UntypedStorage.resize_`` reaches no op of the fake mode: tell the recorder (FSDP
     frees unsharded parameters by resizing their storage to 0, and refills them so)."""
@@ -597,6 +646,7 @@ def trace_workload(
         kernels.AttentionKernels(profile, recorder),
         rnn.CudnnRnns(profile, recorder, mode.shadows),
         _flex_attention_uncompiled(),
+        _compiled_code_runs_eagerly(),
     ):
         from vramscope.workload import build_workload
 
@@ -605,6 +655,7 @@ def trace_workload(
         except WorkloadError as exc:
             raise _explain_build_error(exc, spec.spec) from None
         workload = workload.with_overrides(precision=precision, accumulate=accumulate)
+        workload = _eager_original(workload, recorder)
         _share_higher_order_rules()  # for those the build imported
         _check_device(workload, spec.spec)
         if workload.precision in ("bf16-mixed", "bf16-true") and not profile.supports_bf16:
