@@ -198,10 +198,11 @@ def test_a_build_on_a_fixed_device_is_named(workloads):
         estimate(f"{workloads}:fixed_device", 4)
 
 
-def test_a_data_dependent_shape_says_which_op_and_where(workloads):
-    with pytest.raises(VramscopeError, match=r"aten::_unique2.*workloads\.py:\d+") as info:
-        estimate(f"{workloads}:data_dependent_shape", 4)
-    assert "\n" not in str(info.value)
+def test_a_size_from_values_the_estimate_lacks_is_assumed_and_said_where(workloads):
+    report = estimate(f"{workloads}:data_dependent_shape", 4)
+    (assumed,) = report.extra["estimate"]["assumptions"]
+    assert assumed["op"] == "argmax" and "workloads.py" in assumed["where"]
+    assert any(f.kind == "assumption" for f in report.findings)
 
 
 def test_item_is_traced_with_a_plausible_value_and_reported(workloads):

@@ -11,11 +11,13 @@ run gives, with ``kind="estimated"`` and a verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,7 @@ from vramscope import __version__
 from vramscope.errors import VramscopeError
 from vramscope.estimate.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
 from vramscope.estimate.profiles import GpuProfile, get_profile
+from vramscope.estimate.scalars import HEAVY, LIGHT
 from vramscope.estimate.trace import Trace, trace_workload
 from vramscope.report.aggregate import PHASE_ORDER, phases_of
 from vramscope.report.findings import add_findings
@@ -130,19 +133,95 @@ def estimate(
                 replay_report=replay_report,
             )
         else:
-            trace = trace_workload(
-                spec,
-                batch_size,
-                profile,
-                precision=precision,
-                accumulate=accumulate,
-                steps=max(steps, 2),
-            )
-            report, _ = replay_report(
-                spec.spec, batch_size, profile, total, config, config_text, trace, reserved_limit
-            )
+
+            def traced(variant: str) -> tuple[Report, Trace]:
+                trace = trace_workload(
+                    spec,
+                    batch_size,
+                    profile,
+                    precision=precision,
+                    accumulate=accumulate,
+                    steps=max(steps, 2),
+                    variant=variant,
+                )
+                report, _ = replay_report(
+                    spec.spec,
+                    batch_size,
+                    profile,
+                    total,
+                    config,
+                    config_text,
+                    trace,
+                    reserved_limit,
+                )
+                return report, trace
+
+            report = _bounded_by_assumptions(*traced(HEAVY), traced)
     report.extra["estimate"]["seconds"] = round(time.perf_counter() - started, 3)
     return report
+
+
+def _bounded_by_assumptions(
+    report: Report, trace: Trace, traced: Callable[[str], tuple[Report, Trace]]
+) -> Report:
+    """Values the trace could not know were assumed the way that needs the most memory
+    (:mod:`~vramscope.estimate.scalars`): every row routed to the same positions, every
+    element selected. The light variant (rows spread evenly, nothing selected) is traced
+    too; the estimate is the larger of the two (routing capped by an expert's capacity can
+    need more when spread), and the report says what was assumed and how many bytes of the
+    peak depend on it."""
+    if not trace.assumptions:
+        return report
+    try:
+        other, other_trace = traced(LIGHT)
+    except VramscopeError as exc:
+        other, other_trace, failed = None, None, str(exc)
+    else:
+        failed = None
+    chosen, chosen_trace, alternative = report, trace, other
+    if other is not None and other.peak.allocated_bytes > report.peak.allocated_bytes:
+        chosen, chosen_trace, alternative = other, other_trace, report
+    variant = chosen_trace.variant
+    rows = [
+        {
+            "kind": a.kind,
+            "op": a.what,
+            "where": a.where,
+            "assumed": a.heavy if variant == HEAVY else a.light,
+            "alternative": a.light if variant == HEAVY else a.heavy,
+        }
+        for a in (chosen_trace.assumptions or trace.assumptions)
+    ]
+    extra = chosen.extra.setdefault("estimate", {})
+    extra["assumptions"] = rows
+    extra["assumption_variant"] = variant
+    if alternative is not None:
+        depends = {
+            key: abs(getattr(chosen.peak, key) - getattr(alternative.peak, key))
+            for key in ("allocated_bytes", "reserved_bytes", "device_used_bytes")
+        }
+        extra["alternative_peak"] = dataclasses.asdict(alternative.peak)
+        extra["assumption_bytes"] = depends
+        tail = (
+            f"; with the alternative ({rows[0]['alternative']}) the peak would be "
+            f"{format_bytes(alternative.peak.allocated_bytes)} allocated: "
+            f"{format_bytes(depends['allocated_bytes'])} of the peak depends on it"
+        )
+    else:
+        extra["alternative_error"] = failed
+        tail = "; the alternative could not be traced"
+    first = rows[0]
+    more = f" (and {len(rows) - 1} more)" if len(rows) > 1 else ""
+    chosen.findings.append(
+        Finding(
+            "assumption",
+            "warning",
+            f"values the estimate cannot know were assumed at {first['op']} "
+            f"({first['where']}){more}: {first['assumed']}{tail}",
+            {"assumptions": rows},
+        )
+    )
+    return chosen
 
 
 def replay_report(

@@ -524,6 +524,16 @@ def after_op(
         recorder.transient(size, "temporary", "efficient attention bwd")
     elif func is aten.embedding_dense_backward.default:
         _embedding_backward(recorder, args[0], args[1], "embedding bwd")
+    elif func in _CTC_BACKWARD:
+        # LossCTC.cu: log_beta, like the forward's log_alpha, is made before the gradient and
+        # freed after it
+        log_alpha = args[_CTC_BACKWARD[func]]
+        if _on_cuda(log_alpha) and isinstance(out, torch.Tensor):
+            recorder.kernel_sequence(
+                [("alloc", "beta", log_alpha.numel() * 4), ("out", out), ("free", "beta")],
+                "temporary",
+                "ctc loss bwd",
+            )
     elif func in _EMBEDDING_BAG_BACKWARD:
         # sum and mean sort the indices and run embedding's backward kernel (with the bags'
         # offsets); max scatters by the recorded arg-max, without buffers
@@ -566,8 +576,12 @@ _CUDNN_BACKWARD = {
 }
 
 
+# the native CTC loss's backward: op -> position of its log_alpha argument
+_CTC_BACKWARD = {aten._ctc_loss_backward.default: 6, aten._ctc_loss_backward.Tensor: 6}
+
 _INTERESTING = frozenset(
     {
+        *_CTC_BACKWARD,
         *_CUBLAS_OPS,
         *_LT_OPS,
         aten.addmm.default,

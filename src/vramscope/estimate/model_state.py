@@ -10,7 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from vramscope.errors import WorkloadError
-from vramscope.estimate.recorder import Recorder
+from vramscope.estimate.recorder import Recorder, sparse_parts
 from vramscope.tracking.categories import local_tensor
 from vramscope.tracking.categories import tensors_in as _tensors_in
 from vramscope.workload import Workload
@@ -30,7 +30,7 @@ def _apply_order(module: torch.nn.Module) -> Iterator[tuple[torch.Tensor, str]]:
 
 def _storage(t: torch.Tensor) -> Any | None:
     t = local_tensor(t)  # a DTensor (FSDP2): this rank's shard
-    if isinstance(t, FakeTensor) and t.fake_device.type == "cuda":
+    if isinstance(t, FakeTensor) and t.fake_device.type == "cuda" and t.layout == torch.strided:
         return t.untyped_storage()
     return None
 
@@ -112,6 +112,9 @@ def _label_persistent(recorder: Recorder, workload: Workload) -> None:
             st = _storage(p.grad)
             if st is not None:
                 recorder.retag(st, "gradient")
+            elif p.grad.layout != torch.strided:  # a sparse gradient (nn.Embedding(sparse=True))
+                for part in sparse_parts(p.grad):
+                    recorder.retag(part.untyped_storage(), "gradient")
     for _, state in optimizer_state(workload.optimizer):
         for t in _tensors_in(state):
             st = _storage(t)

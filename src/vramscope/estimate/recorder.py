@@ -3,9 +3,11 @@ what is known of each block (step, phase, module, kind); the result, :class:`Tra
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +55,9 @@ class Trace:
     modules: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
     data_dependent: list[str] = field(default_factory=list)
+    # values the trace could not know and assumed (scalars.Assumption), in the variant it ran
+    assumptions: list[Any] = field(default_factory=list)
+    variant: str = "heavy"
     sdpa: dict[str, int] = field(default_factory=dict)
     workspaces: dict[str, int] = field(default_factory=dict)
     libraries: set[str] = field(default_factory=set)
@@ -67,6 +72,26 @@ class Trace:
     fallbacks: dict[int, tuple[Any, tuple[int, ...]]] = field(default_factory=dict)
     # device memory outside the caching allocator for collectives (NCCL's communicators)
     communicator_bytes: int = 0
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Ops on a fake tensor's metadata run the meta kernels, without the fake mode: a fake
+    tensor's backend keys are its fake device's (a sparse CUDA tensor's ``_nnz`` has no kernel
+    in a CPU build of torch)."""
+    with torch._C._DisableTorchDispatch(), torch._C._PreserveDispatchKeyGuard():
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        yield
+
+
+def sparse_parts(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors a sparse tensor is made of (each its own allocation on a GPU): COO's
+    indices and values; a compressed layout's two index tensors and values."""
+    if tensor.layout == torch.sparse_coo:
+        return (tensor._indices(), tensor._values())
+    if tensor.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return (tensor.crow_indices(), tensor.col_indices(), tensor.values())
+    return (tensor.ccol_indices(), tensor.row_indices(), tensor.values())
 
 
 class Recorder:
@@ -97,6 +122,7 @@ class Recorder:
         # (storage key, block, event index, operand blocks) of a sum that may be in place
         self.accumulating: tuple[int, int, int, list[int]] | None = None
         self.data_dependent: dict[str, str] = {}
+        self.assumptions: dict[int, Any] = {}  # key -> scalars.Assumption
         self.notes: list[str] = []
         self.order = 0
         self.stream = 0  # the current CUDA stream (cuda_device._Streams sets it)
@@ -104,6 +130,7 @@ class Recorder:
         # shapes on fake tensors of the global shape): their outputs are no allocations
         self.paused = 0
         self.lock = threading.RLock()
+        self.sparse_seen = False  # a sparse tensor was made: ops check for sparse inputs
 
     # ---- phases ------------------------------------------------------------------------
     def set_phase(self, phase: str, step: int | None = None) -> None:
@@ -225,6 +252,12 @@ class Recorder:
     def see(self, tensor: torch.Tensor, op: str) -> None:
         """Record the storage of ``tensor`` if it is new (called for every op output)."""
         if self.paused or not isinstance(tensor, FakeTensor) or tensor.fake_device.type != "cuda":
+            return
+        if tensor.layout != torch.strided:
+            # a sparse tensor is its index and value tensors: one allocation each
+            self.sparse_seen = True
+            for part in sparse_parts(tensor):
+                self.see(part, op)
             return
         storage = tensor.untyped_storage()
         key = storage._cdata

@@ -1,12 +1,31 @@
-"""Data-dependent values under fake tensors: ``.item()`` and friends answered from real values
-of small tensors (kept beside their fake ones) or with a plausible value, ops whose output
-size depends on values, and where in the user's code each was met."""
+"""Data-dependent values under fake tensors: real values where they exist, the bound that
+gives the most memory where they do not, and where in the user's code each was met.
+
+A fake tensor has no values, but many tensors of a step have values that can be computed
+for real on the CPU: the batch the user's code makes (ids, labels, masks, lengths), and
+whatever is computed from them and from other small tensors (positions, masks, counts).
+Each such tensor keeps a real twin (its *shadow*), computed op by op beside it: every
+integer and boolean tensor up to :data:`INDEX_SHADOW_LIMIT` elements, and floating-point
+tensors up to :data:`SHADOW_LIMIT`. ``.item()``, ``bool()``, ``.tolist()`` and the ops whose
+output size depends on values (``nonzero``, ``unique``, ``bincount``, boolean indexing,
+``nms``...) read the shadows, so they are exact.
+
+Where a value has no shadow (it comes from the model's floating-point activations: a
+router's choice of experts, the boxes a detector keeps), it is *assumed*, and the
+assumption is the one that needs the most memory (:class:`Assumptions`): indices chosen by
+``topk``/``argmax``/``sort`` on values that are not known are the same for every row (every
+token routed to the same experts), a selection keeps every element (every proposal kept).
+Each assumption is recorded with the op and the user's line; the estimator traces the
+alternative (tokens spread evenly, nothing selected) and reports the bytes that depend on
+the assumption.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,7 +36,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 from vramscope.estimate.recorder import Recorder, TraceError
 
 aten = torch.ops.aten
-SHADOW_LIMIT = 4096  # elements: small tensors also get real values, for .item() and .tolist()
+SHADOW_LIMIT = 4096  # elements: small floating-point tensors get real values too
+# elements: integer and boolean tensors (ids, labels, masks, positions, counts, routing)
+# get real values up to this size (32 MiB of int64)
+INDEX_SHADOW_LIMIT = 1 << 22
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the trace's own modules: their frames are never the user's location
 _TRACE_FILES = tuple(
@@ -78,12 +100,124 @@ def op_name(func: Any) -> str:
 _WRITTEN_ARGS: dict[Any, tuple[int, ...]] = {}  # op -> positions of arguments it writes
 
 
+def fits_shadow(t: torch.Tensor) -> bool:
+    """Whether ``t`` is small enough to keep real values beside it."""
+    limit = (
+        SHADOW_LIMIT if (t.dtype.is_floating_point or t.dtype.is_complex) else INDEX_SHADOW_LIMIT
+    )
+    return t.numel() <= limit
+
+
+# ---- assumptions ---------------------------------------------------------------------------
+
+HEAVY, LIGHT = "heavy", "light"
+
+
+@dataclass
+class Assumption:
+    """A value the trace could not know and assumed: what, where, and what was assumed."""
+
+    kind: str  # "routing" (indices chosen on unknown values) or "selection" (a size)
+    what: str  # the op, e.g. "topk"
+    where: str  # the user's line
+    heavy: str  # what the heavy (most memory) variant assumes
+    light: str  # what the light variant assumes
+    used: bool = False  # whether anything read the assumed values (or sizes)
+
+    def describe(self, variant: str = HEAVY) -> str:
+        return f"{self.what} at {self.where}: {self.heavy if variant == HEAVY else self.light}"
+
+
+# ops whose integer output picks positions along a dimension of values that may be unknown:
+# op name -> (index of the index output among the outputs, "picks" or "permutes")
+_INDEX_SOURCES: dict[str, tuple[int, str]] = {
+    "topk": (1, "picks"),
+    "argmax": (0, "picks"),
+    "argmin": (0, "picks"),
+    "max": (1, "picks"),
+    "min": (1, "picks"),
+    "kthvalue": (1, "picks"),
+    "mode": (1, "picks"),
+    "median": (1, "picks"),
+    "nanmedian": (1, "picks"),
+    "multinomial": (0, "picks"),
+    "sort": (1, "permutes"),
+    "argsort": (0, "permutes"),
+    "cummax": (1, "permutes"),
+    "cummin": (1, "permutes"),
+}
+
+
+def _dim_arg(func: Any, args: Any, kwargs: Any, default: int | None) -> int | None:
+    """The ``dim`` argument of an index source (None: over all elements)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return default
+    for position, argument in enumerate(schema.arguments):
+        if argument.name == "dim":
+            if "dim" in kwargs:
+                return kwargs["dim"]
+            if position < len(args):
+                return args[position]
+            value = argument.default_value
+            return value if isinstance(value, int) else default
+    return default
+
+
+def assumed_indices(
+    source: torch.Tensor, index: torch.Tensor, dim: int | None, permutes: bool, spread: bool
+) -> torch.Tensor:
+    """Indices an op picked along ``dim`` of ``source`` (whose values are unknown), assumed.
+
+    ``spread=False`` (the heavy variant): the first rows pick every position once, every
+    other row picks the same first positions — every expert gets a token (so each has a
+    gradient and optimizer state) and all the other tokens go to the same experts, the most
+    a single expert's activations can be. ``spread=True``: rows spread evenly over the
+    positions (row r picks r·k, r·k+1, ... modulo the size). A permutation (``sort``) is the
+    identity either way."""
+    if dim is None or source.dim() == 0:
+        return torch.zeros(index.shape, dtype=index.dtype)
+    dim = dim % source.dim()
+    size = max(1, source.shape[dim])
+    kept = index.dim() == source.dim()  # the dimension kept (k picks), or reduced away
+    picks = index.shape[dim] if kept else 1
+    rows = max(1, index.numel() // max(1, picks))
+    j = torch.arange(picks)
+    r = torch.arange(rows).unsqueeze(1)
+    if permutes:
+        values = j.expand(rows, picks)
+    else:
+        values = r * picks + j
+        if not spread:
+            covering = -(-size // picks)  # rows that pick every position once
+            values = torch.where(r < covering, values, j)
+    values = values % size
+    if not kept:
+        return values.reshape(index.shape).to(index.dtype)
+    moved = list(index.shape)
+    moved.append(moved.pop(dim))
+    return values.reshape(moved).movedim(-1, dim).to(index.dtype).contiguous()
+
+
+# ---- the mode's part -----------------------------------------------------------------------
+
+
 class DataDependentValues(FakeTensorMode):
     """The data-dependent part of a :class:`~vramscope.estimate.trace.TracingMode`."""
 
     recorder: Recorder
     shadows: WeakIdKeyDictionary
     producers: WeakIdKeyDictionary
+    # fake tensor -> the assumptions its shadow (or its size) depends on
+    assumed: WeakIdKeyDictionary
+    # fake integer tensor without values -> the largest value it can hold (a count)
+    bounds: WeakIdKeyDictionary
+    variant: str  # HEAVY or LIGHT: how values that cannot be known are assumed
+
+    def _init_values(self, variant: str = HEAVY) -> None:
+        self.assumed = WeakIdKeyDictionary()
+        self.bounds = WeakIdKeyDictionary()
+        self.variant = variant
 
     # ---- small tensors keep real values ---------------------------------------------------
     def _shadow_args(self, args: Any) -> list[Any] | None:
@@ -103,8 +237,55 @@ class DataDependentValues(FakeTensorMode):
                 result.append(a)
         return result
 
+    def _shadow_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        shadow: dict[str, Any] = {}
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor):
+                s = self.shadows.get(v) if isinstance(v, FakeTensor) else v
+                if s is None:
+                    return None
+                shadow[k] = s
+            elif isinstance(v, torch.device):
+                shadow[k] = torch.device("cpu")
+            else:
+                shadow[k] = v
+        return shadow
+
+    def _assumptions_of(self, args: Any, kwargs: dict[str, Any]) -> frozenset[int]:
+        """The assumptions that the values (or sizes) of the op's inputs depend on."""
+        found: set[int] = set()
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, FakeTensor):
+                found.update(self.assumed.get(a, ()))
+            elif isinstance(a, (list, tuple)):
+                for x in a:
+                    if isinstance(x, FakeTensor):
+                        found.update(self.assumed.get(x, ()))
+        return frozenset(found)
+
+    def _use(self, keys: frozenset[int]) -> None:
+        """Something read values or a size that depends on these assumptions."""
+        for key in keys:
+            self.recorder.assumptions[key].used = True
+
+    def _assume(self, kind: str, what: str, heavy: str, light: str) -> int:
+        """Record an assumption (one per op and line); its key."""
+        where = _user_location() or "the standard step"
+        key = hash((kind, what, where)) & 0x7FFFFFFF
+        if key not in self.recorder.assumptions:
+            self.recorder.assumptions[key] = Assumption(kind, what, where, heavy, light)
+        return key
+
+    def _mark(self, tensors: Any, keys: frozenset[int]) -> None:
+        if not keys:
+            return
+        for t in tensors:
+            if isinstance(t, FakeTensor):
+                with contextlib.suppress(TypeError):
+                    self.assumed[t] = keys | self.assumed.get(t, frozenset())
+
     def _track_small(self, func: Any, args: Any, kwargs: Any, outs: tuple[Any, ...]) -> None:
-        small = [t for t in outs if isinstance(t, FakeTensor) and t.numel() <= SHADOW_LIMIT]
+        small = [t for t in outs if isinstance(t, FakeTensor) and fits_shadow(t)]
         writes = _WRITTEN_ARGS.get(func)
         if writes is None:
             schema = getattr(func, "_schema", None)  # none for higher-order ops
@@ -124,30 +305,27 @@ class DataDependentValues(FakeTensorMode):
                 mutated.extend(x for x in a if isinstance(x, FakeTensor))
         if not small and not mutated:
             return
-        shadow_args = self._shadow_args(args)
-        shadow_kwargs: dict[str, Any] | None = {}
-        for k, v in kwargs.items():
-            if isinstance(v, torch.Tensor):
-                s = self.shadows.get(v) if isinstance(v, FakeTensor) else v
-                if s is None:
-                    shadow_kwargs = None
-                    break
-                shadow_kwargs[k] = s
-            elif isinstance(v, torch.device):
-                shadow_kwargs[k] = torch.device("cpu")
-            else:
-                shadow_kwargs[k] = v
         name = op_name(func)
         for t in (*small, *mutated):
             with contextlib.suppress(TypeError):
                 self.producers[t] = name
+        if small and all(self.shadows.get(t) is not None for t in small) and not mutated:
+            return  # made with their values already (an op whose size depends on them)
+        keys = self._assumptions_of(args, kwargs)
+        shadow_args = self._shadow_args(args)
+        shadow_kwargs = self._shadow_kwargs(kwargs)
         if (
             shadow_args is None
             or shadow_kwargs is None
-            or any(isinstance(t, FakeTensor) and t.numel() > SHADOW_LIMIT for t in outs)
+            or any(isinstance(t, FakeTensor) and not fits_shadow(t) for t in outs)
         ):
             for t in mutated:
                 self.shadows.pop(t, None)
+            if shadow_args is None or shadow_kwargs is None:
+                if name in ("sum", "count_nonzero") and outs:
+                    self._count_bound(args, outs[0])
+                else:
+                    self._assume_indices(func, name, args, kwargs, outs)
             return
         try:
             with no_dispatch():
@@ -167,15 +345,65 @@ class DataDependentValues(FakeTensorMode):
             if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
                 with contextlib.suppress(TypeError):
                     self.shadows[fake] = value
+        self._mark((*outs, *mutated), keys)
+
+    def _assume_indices(
+        self, func: Any, name: str, args: Any, kwargs: Any, outs: tuple[Any, ...]
+    ) -> None:
+        """An index source (``topk``, ``argmax``, ``sort``...) over values the trace does not
+        have: its indices get assumed values (:func:`assumed_indices`)."""
+        source_spec = _INDEX_SOURCES.get(name)
+        if source_spec is None or not args or not isinstance(args[0], FakeTensor):
+            return
+        position, how = source_spec
+        if position >= len(outs):
+            return
+        index = outs[position]
+        if not isinstance(index, FakeTensor) or index.dtype.is_floating_point:
+            return
+        if not fits_shadow(index) or self.shadows.get(index) is not None:
+            return
+        permutes = how == "permutes"
+        source = args[0]
+        if name == "multinomial":
+            dim: int | None = -1
+        else:
+            dim = _dim_arg(func, args, kwargs, -1 if name in ("topk", "sort", "argsort") else None)
+        spread = self.variant == LIGHT
+        with no_dispatch():
+            values = assumed_indices(source, index, dim, permutes, spread)
+        with contextlib.suppress(TypeError):
+            self.shadows[index] = values
+        if permutes:
+            return  # an order: no position is favoured, nothing to assume
+        key = self._assume(
+            "routing",
+            name,
+            "each position picked once and every other row the same positions (every "
+            "expert gets a token, all the others go to the same experts: the most memory)",
+            "rows spread evenly over the positions",
+        )
+        self._mark((index,), frozenset((key,)))
 
     def _scalar(self, tensor: torch.Tensor) -> Any:
         shadow = self.shadows.get(tensor) if isinstance(tensor, FakeTensor) else None
         if shadow is not None:
+            self._use(self.assumed.get(tensor, frozenset()))
             with no_dispatch():
                 return shadow.item()
         if isinstance(tensor, FakeTensor) and tensor.constant is not None:
             with no_dispatch():
                 return tensor.constant.item()
+        bound = self.bounds.get(tensor) if isinstance(tensor, FakeTensor) else None
+        if bound is not None:
+            key = self._assume(
+                "selection",
+                "Tensor.item()",
+                f"a count of selected elements: all {bound:,} selected (the most memory)",
+                "none selected",
+            )
+            self._use(frozenset((key,)))
+            return bound if self.variant == HEAVY else 0
         producer = self.producers.get(tensor, "") if isinstance(tensor, FakeTensor) else ""
         self._note_data_dependent("Tensor.item()", producer)
         dtype = tensor.dtype
@@ -199,71 +427,184 @@ class DataDependentValues(FakeTensorMode):
             made = f" of {producer}" if producer else ""
             self.recorder.data_dependent[key] = f"{what}{made} at {where}"
 
+    def _count_bound(self, args: Any, out: Any) -> None:
+        """``mask.sum()`` / ``count_nonzero`` of a boolean tensor without values: a count
+        between 0 and the elements counted (read by ``.item()`` as an assumption)."""
+        if not isinstance(out, FakeTensor) or out.numel() != 1 or self.shadows.get(out) is not None:
+            return
+        x = args[0] if args else None
+        if isinstance(x, FakeTensor) and x.dtype == torch.bool:
+            with contextlib.suppress(TypeError):
+                self.bounds[out] = x.numel()
+
+    # ---- ops whose output size depends on values -------------------------------------------
+    def _empty(self, types: Any, shape: Any, dtype: torch.dtype, device: torch.device) -> Any:
+        return super().dispatch(
+            aten.empty.memory_format, types, (tuple(shape),), {"dtype": dtype, "device": device}
+        )
+
     def _dynamic_shape(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        """Ops whose output size depends on values: exact when the input has real values,
-        else the largest possible size (every element selected)."""
+        """Ops whose output size depends on values: run for real on the inputs' values where
+        the trace has them (exact); else the size the heavy or light variant assumes."""
         name = func._schema.name
         overload = f"{name}.{func._overloadname}" if func._overloadname != "default" else name
-        shadow = self._shadow_args(args)
         where = _user_location() or "the standard step"
-        if shadow is not None:
-            with no_dispatch():
-                real = func(*shadow, **kwargs)
-            shape = real.shape if isinstance(real, torch.Tensor) else None
-        else:
-            shape = None
+        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        device = x.device if x is not None else torch.device("cpu")
+        shadow_args = self._shadow_args(args)
+        shadow_kwargs = self._shadow_kwargs(kwargs)
+        if shadow_args is not None and shadow_kwargs is not None:
+            try:
+                with no_dispatch():
+                    real = func(*shadow_args, **shadow_kwargs)
+            except Exception as exc:
+                raise TraceError(f"{overload} failed at {where}: {exc}") from None
+            reals = (real,) if isinstance(real, torch.Tensor) else tuple(real)
+            outs = []
+            for value in reals:
+                fake = super().dispatch(
+                    aten.empty_strided.default,
+                    types,
+                    (tuple(value.shape), tuple(value.stride())),
+                    {"dtype": value.dtype, "device": device},
+                )
+                if fits_shadow(fake):
+                    with contextlib.suppress(TypeError):
+                        self.shadows[fake] = value
+                outs.append(fake)
+            keys = self._assumptions_of(args, kwargs)
+            self._use(keys)
+            self._mark(outs, keys)
+            return outs[0] if isinstance(real, torch.Tensor) else type(real)(outs)
+        if overload not in _SELECTED_BY_VALUE and _integers_known(self, args, kwargs):
+            # the size follows integer inputs the trace has (CTC's target lengths), not the
+            # floating-point values it lacks: run the op on the CPU with those as zeros
+            from vramscope.estimate.cuda_rules import run_on_cpu
+
+            keys = self._assumptions_of(args, kwargs)
+            self._use(keys)
+            out = run_on_cpu(self, func, args, kwargs, where)
+            self._mark(out if isinstance(out, (tuple, list)) else (out,), keys)
+            return out
+        return self._assumed_size(func, overload, types, args, kwargs, where, device)
+
+    def _assumed_size(
+        self,
+        func: Any,
+        overload: str,
+        types: Any,
+        args: Any,
+        kwargs: Any,
+        where: str,
+        device: torch.device,
+    ) -> Any:
+        """The output of a value-dependent op whose inputs have no values: the heavy variant
+        selects every element (every proposal kept), the light one none."""
+        heavy = self.variant == HEAVY
         x = args[0]
         if overload == "aten::nonzero":
-            rows = shape[0] if shape is not None else x.numel()
-            result = super().dispatch(
-                aten.empty.memory_format,
-                types,
-                ((rows, x.dim()),),
-                {"dtype": torch.long, "device": x.device},
-            )
+            rows = x.numel() if heavy else 0
+            result = self._empty(types, (rows, x.dim()), torch.long, device)
         elif overload == "aten::masked_select":
-            n = (
-                shape[0]
-                if shape is not None
-                else torch.broadcast_shapes(x.shape, args[1].shape).numel()
-            )
-            result = super().dispatch(
-                aten.empty.memory_format, types, ((n,),), {"dtype": x.dtype, "device": x.device}
-            )
+            n = torch.broadcast_shapes(x.shape, args[1].shape).numel() if heavy else 0
+            result = self._empty(types, (n,), x.dtype, device)
         elif overload == "aten::index.Tensor":
             # a boolean mask of k dims selects (at most) all its elements: k long indices
             indices: list[Any] = []
             for idx in args[1]:
                 if isinstance(idx, torch.Tensor) and idx.dtype == torch.bool:
-                    count = idx.numel()
-                    long_index = super().dispatch(
-                        aten.empty.memory_format,
-                        types,
-                        ((count,),),
-                        {"dtype": torch.long, "device": idx.device},
-                    )
+                    count = idx.numel() if heavy else 0
+                    long_index = self._empty(types, (count,), torch.long, idx.device)
                     indices.extend([long_index] * idx.dim())
                 else:
                     indices.append(idx)
             result = super().dispatch(func, types, (x, indices), kwargs)
-        elif overload in (
-            "aten::_unique2",
-            "aten::_unique",
-            "aten::unique_consecutive",
-            "aten::unique_dim",
-        ):
-            raise TraceError(
-                f"{overload} has a size that depends on the tensor's values (at {where}); an "
-                "estimate cannot know it. Compute it outside the traced step (e.g. in build())"
+        elif overload in ("aten::_unique2", "aten::_unique", "aten::unique_consecutive"):
+            n = x.numel() if heavy else min(1, x.numel())
+            inverse = _named_arg(func, args, kwargs, "return_inverse")
+            counts = _named_arg(func, args, kwargs, "return_counts")
+            result = (
+                self._empty(types, (n,), x.dtype, device),
+                self._empty(types, tuple(x.shape) if inverse else (0,), torch.long, device),
             )
+            if overload != "aten::_unique":
+                result = (*result, self._empty(types, (n,) if counts else (0,), torch.long, device))
+        elif overload == "aten::bincount":
+            minlength = kwargs.get("minlength", args[2] if len(args) > 2 else 0) or 0
+            if not minlength:
+                raise TraceError(
+                    f"bincount at {where} counts values an estimate does not have (they come "
+                    "from the model's activations); pass minlength= (the number of bins) so "
+                    "that its size is known"
+                )
+            weights = kwargs.get("weights", args[1] if len(args) > 1 else None)
+            dtype = (
+                torch.double
+                if weights is not None and weights.dtype != torch.float
+                else weights.dtype
+                if weights is not None
+                else torch.long
+            )
+            result = self._empty(types, (minlength,), dtype, device)
+        elif overload == "torchvision::nms":
+            kept = x.shape[0] if heavy else 0
+            result = self._empty(types, (kept,), torch.long, device)
         else:
             raise TraceError(
-                f"{overload} has an output size that depends on tensor values (at {where}); "
-                "an estimate cannot know it"
+                f"{overload} at {where} has an output size that depends on values the "
+                "estimate does not have (they come from the model's activations); compute "
+                "it from the batch or in build(), or give its size explicitly"
             )
-        self._note_data_dependent(overload, None)
-        if shape is None:
-            self.recorder.notes.append(
-                f"{overload} at {where}: output size depends on values; assumed the largest"
-            )
+        light = "nothing selected" if overload != "aten::bincount" else "the same"
+        heavy_text = (
+            "every element selected (the most memory)"
+            if overload != "aten::bincount"
+            else "every value below minlength"
+        )
+        if overload == "torchvision::nms":
+            heavy_text, light = "every box kept (the most memory)", "no box kept"
+        key = self._assume("selection", overload.replace("aten::", ""), heavy_text, light)
+        self._use(frozenset((key,)))
+        outs = result if isinstance(result, tuple) else (result,)
+        self._mark(outs, frozenset((key,)))
         return result
+
+
+# ops whose output size depends on the values of every input, floating-point ones included
+_SELECTED_BY_VALUE = frozenset(
+    {
+        "aten::nonzero",
+        "aten::argwhere",
+        "aten::masked_select",
+        "aten::index.Tensor",
+        "aten::_unique",
+        "aten::_unique2",
+        "aten::unique_consecutive",
+        "aten::unique_dim",
+        "torchvision::nms",
+    }
+)
+
+
+def _integers_known(mode: DataDependentValues, args: Any, kwargs: Any) -> bool:
+    """Whether every integer and boolean tensor input has values in the trace."""
+    for a in (*args, *kwargs.values()):
+        items = a if isinstance(a, (list, tuple)) else (a,)
+        for t in items:
+            if (
+                isinstance(t, FakeTensor)
+                and not (t.dtype.is_floating_point or t.dtype.is_complex)
+                and mode.shadows.get(t) is None
+            ):
+                return False
+    return True
+
+
+def _named_arg(func: Any, args: Any, kwargs: Any, name: str) -> Any:
+    """The value of the argument ``name`` of an op call (its default when not passed)."""
+    if name in kwargs:
+        return kwargs[name]
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.name == name:
+            return args[position] if position < len(args) else argument.default_value
+    return None

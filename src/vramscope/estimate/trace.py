@@ -27,6 +27,7 @@ import functools
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,12 +39,13 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensor,
     FakeTensorMode,
+    UnsupportedOperatorException,
 )
 from torch.utils._mode_utils import no_dispatch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vramscope.errors import VramscopeError, WorkloadError
-from vramscope.estimate import kernels, rnn
+from vramscope.estimate import cuda_rules, kernels, rnn
 from vramscope.estimate.cuda_device import CUDA, cuda_emulation
 from vramscope.estimate.fake_cache import (
     CACHE_CALLS_TAKE_FUNC,
@@ -65,8 +67,9 @@ from vramscope.estimate.model_state import (
 )
 from vramscope.estimate.profiles import GpuProfile
 from vramscope.estimate.recorder import BlockMeta, Recorder, Trace, TraceError
-from vramscope.estimate.scalars import DataDependentValues, _user_location
+from vramscope.estimate.scalars import HEAVY, DataDependentValues, _user_location
 from vramscope.estimate.torch_support import check_torch_version
+from vramscope.estimate.transformers_eager import eager_transformers
 from vramscope.workload import StepRunner, Workload, WorkloadSpec
 
 try:  # torch's fake-tensor cache, for the fast paths (off where this torch lacks it)
@@ -93,6 +96,42 @@ _FUSED_SDP_CHOICE = aten._fused_sdp_choice.default
 _EQUAL = aten.equal.default
 _COMPOSITE: dict[Any, bool] = {}  # op -> has a CompositeImplicitAutograd kernel
 _MISS = object()  # not a plain cache hit (TracingMode._cache_hit)
+# ops that read a sparse tensor's parts or metadata (their meta kernels are right: views)
+_SPARSE_METADATA = frozenset(
+    getattr(aten, name).default
+    for name in (
+        "_indices",
+        "_values",
+        "indices",
+        "values",
+        "_nnz",
+        "sparse_dim",
+        "dense_dim",
+        "is_coalesced",
+        "crow_indices",
+        "col_indices",
+        "ccol_indices",
+        "row_indices",
+        "_coalesced_",
+        "detach",
+        "alias",
+    )
+)
+
+
+def _touches_sparse(args: Any, kwargs: dict[str, Any]) -> bool:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor) and a.layout != torch.strided:
+            return True
+        if isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+                    return True
+    return False
+
+
+# ops the trace runs itself: cuDNN's RNNs, and ops whose fake kernel is not CUDA's
+_OWN_KERNELS = {**rnn.KERNELS, **cuda_rules.KERNELS}
 # FakeTensors of cache hits made without the Python constructor (TracingMode._wrap_meta)
 _WRAP_CHECKS = 8  # wraps per mode and device compared with the constructor's
 _NO_TEMPLATE = object()
@@ -106,13 +145,14 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
     """FakeTensorMode that records CUDA storages, answers ``.item()`` with plausible values
     and picks the attention kernels the profiled GPU would run."""
 
-    def __init__(self, recorder: Recorder, profile: GpuProfile) -> None:
+    def __init__(self, recorder: Recorder, profile: GpuProfile, variant: str = HEAVY) -> None:
         super().__init__(allow_non_fake_inputs=True)
         self.recorder = recorder
         self.profile = profile
         # keyed by identity: a tensor's == is an op, which would come back here
         self.shadows: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._init_values(variant)
         self._local = threading.local()
         self._fake_templates: dict[torch.device, Any] = {}
 
@@ -121,6 +161,11 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
         # (``nn.TransformerEncoder`` clones its layer so) copies that dict: the copies belong
         # to this same mode, as a GPU's copies belong to the same device
         return self
+
+    def can_run_unsafe_fallback(self, func: Any) -> bool:
+        # torch would run an op without a fake kernel on the real device, which is absent:
+        # ``dispatch`` runs its CPU kernel instead (cuda_rules.run_on_cpu)
+        return False
 
     @property
     def avoid_device_init(self) -> bool:  # never move constants to the (absent) device
@@ -285,12 +330,24 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
                     return bool(func(*shadow))
             self._note_data_dependent("aten.equal", None)
             return True
-        own = rnn.KERNELS.get(func)
+        own = _OWN_KERNELS.get(func)
+        # sparse kernels' output sizes depend on their indices (coalescing merges duplicates),
+        # which their meta kernels do not know: their CPU kernels run instead, on inputs with
+        # distinct indices (nothing merged: the most entries), as for ops without a fake kernel
+        sparse = (
+            self.recorder.sparse_seen
+            and func not in _SPARSE_METADATA
+            and _touches_sparse(args, kwargs)
+        )
         depth = getattr(local, "depth", 0)
         local.depth = depth + 1
         try:
             if own is not None:
                 out = own(self, args, kwargs)
+            elif sparse:
+                out = cuda_rules.run_on_cpu(
+                    self, func, args, kwargs, _user_location() or "the standard step"
+                )
             elif (
                 FAST_PATHS["foreach"]
                 and _is_inplace_foreach(func)
@@ -305,6 +362,10 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
                     out = super().dispatch(func, types, args, kwargs)
         except DynamicOutputShapeException:
             out = self._dynamic_shape(func, types, args, kwargs)
+        except UnsupportedOperatorException:
+            out = cuda_rules.run_on_cpu(
+                self, func, args, kwargs, _user_location() or "the standard step"
+            )
         except DataDependentOutputException as exc:
             where = _user_location() or "the standard step"
             raise TraceError(
@@ -337,7 +398,7 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
             outs = ()
         if recorder.recording:
             kernels.after_op(self.profile, recorder, func, args, kwargs, out)
-            if own is not None:
+            if own is not None and func in rnn.KERNELS:
                 rnn.scratch(recorder, func, args, out)
         self._track_small(func, args, kwargs, outs)
         return out
@@ -549,6 +610,17 @@ def _flex_attention_uncompiled() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _quiet_fake_tensor_warnings() -> Iterator[None]:
+    """Warnings about fake tensors themselves, not the user's code: a deep copy reads a fake
+    tensor's data pointer (``Tensor.__deepcopy__``), sparse kernels run without invariant
+    checks."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
+        yield
+
+
+@contextlib.contextmanager
 def _compiled_code_runs_eagerly() -> Iterator[None]:
     """``torch.compile`` (of the model, of a function the model calls, inside ``build()`` or
     the step) is not traced: under ``set_stance("force_eager")`` every compiled callable runs
@@ -620,11 +692,14 @@ def trace_workload(
     accumulate: int | None = None,
     steps: int = 2,
     setup: Setup | None = None,
+    variant: str = HEAVY,
 ) -> Trace:
     """Build the workload and trace ``steps`` standard steps on the emulated GPU.
 
     ``setup`` changes the built workload while the trace records (after what the build left
-    on the device, before the first step): wrapping the model in DDP, for one."""
+    on the device, before the first step): wrapping the model in DDP, for one. ``variant``:
+    how values the trace cannot know are assumed (:mod:`~vramscope.estimate.scalars`):
+    ``"heavy"`` (the most memory) or ``"light"``."""
     import time
 
     check_torch_version()
@@ -634,7 +709,7 @@ def trace_workload(
     start = time.perf_counter()
     kernels.register_cuda_placeholders()
     recorder = Recorder(profile)
-    mode = TracingMode(recorder, profile)
+    mode = TracingMode(recorder, profile, variant)
     step_starts: list[int] = []
     old_limit = sys.getrecursionlimit()
     with (
@@ -647,6 +722,7 @@ def trace_workload(
         rnn.CudnnRnns(profile, recorder, mode.shadows),
         _flex_attention_uncompiled(),
         _compiled_code_runs_eagerly(),
+        _quiet_fake_tensor_warnings(),
     ):
         from vramscope.workload import build_workload
 
@@ -709,6 +785,7 @@ def trace_workload(
                 _module_stack(recorder, names),
                 torch.autograd.set_multithreading_enabled(False),
                 generating.active(),
+                eager_transformers(),
             ):
                 step_seconds: list[float] = []
                 for index in range(steps):
@@ -743,6 +820,8 @@ def trace_workload(
         modules=modules,
         notes=list(dict.fromkeys(recorder.notes)),
         data_dependent=list(recorder.data_dependent.values()),
+        assumptions=[a for a in recorder.assumptions.values() if a.used],
+        variant=variant,
         sdpa=dict(recorder.sdpa),
         workspaces=dict(recorder.workspaces),
         fallbacks=dict(recorder.fallbacks),

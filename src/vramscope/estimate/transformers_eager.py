@@ -24,7 +24,7 @@ def _not_fake(_value: Any) -> bool:
 
 @contextlib.contextmanager
 def eager_transformers() -> Iterator[None]:
-    """While the steps run: transformers' ``is_fake_tensor`` says no. Nothing happens when
+    """While the steps run (training, inference and generation): transformers' ``is_fake_tensor`` says no. Nothing happens when
     the build did not import transformers."""
     utils = sys.modules.get("transformers.utils.import_utils")
     original = getattr(utils, "is_fake_tensor", None)

@@ -1,0 +1,157 @@
+"""Code the estimator once could not trace, one class of it per test: modules that deep-copy
+their layers, a model compiled in ``build()``, ops without a fake kernel, CUDA kernels whose
+rules differ from their fake kernel's, sparse gradients. Each is real code traced on this CPU,
+and each asserts sizes worked out from the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vramscope.estimate.estimator import estimate
+from vramscope.estimate.profiles import get_profile
+from vramscope.estimate.trace import trace_workload
+from vramscope.workload import resolve
+
+WORKLOADS = """
+import torch, torch.nn as nn, torch.nn.functional as F, vramscope
+
+def _train(model, batch, loss, optimizer=None):
+    opt = optimizer or torch.optim.AdamW(model.parameters())
+    return vramscope.Workload(model=model, optimizer=opt, batch=batch, loss=loss)
+
+def small_vit(batch_size, device):
+    class ViT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, 64, 8, 8)
+            layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, 3)   # deep-copies the layer 3 times
+            self.head = nn.Linear(64, 10)
+        def forward(self, x):
+            return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2)).mean(1))
+    model = ViT().to(device)
+    return _train(model, lambda: (torch.randn(batch_size, 3, 32, 32, device=device),
+                                  torch.randint(0, 10, (batch_size,), device=device)),
+                  lambda m, x, y: F.cross_entropy(m(x), y))
+
+def _mlp(device):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 10)).to(device)
+
+def _mlp_batch(batch_size, device):
+    return lambda: (torch.randn(batch_size, 128, device=device),
+                    torch.randint(0, 10, (batch_size,), device=device))
+
+def eager_mlp(batch_size, device):
+    return _train(_mlp(device), _mlp_batch(batch_size, device),
+                  lambda m, x, y: F.cross_entropy(m(x), y))
+
+def compiled_mlp(batch_size, device):
+    model = _mlp(device)
+    opt = torch.optim.AdamW(model.parameters())
+    return _train(torch.compile(model), _mlp_batch(batch_size, device),
+                  lambda m, x, y: F.cross_entropy(m(x), y), opt)
+
+T, S, CLASSES = 50, 12, 32
+
+def speech_ctc(batch_size, device):
+    model = nn.Linear(40, CLASSES).to(device)
+    def batch():
+        features = torch.randn(T, batch_size, 40, device=device)
+        targets = torch.randint(1, CLASSES, (batch_size, S), device=device)
+        inputs = torch.full((batch_size,), T, dtype=torch.long, device=device)
+        lengths = torch.full((batch_size,), S, dtype=torch.long, device=device)
+        return features, targets, inputs, lengths
+    def loss(m, features, targets, inputs, lengths):
+        return F.ctc_loss(m(features).log_softmax(-1), targets, inputs, lengths)
+    return _train(model, batch, loss)
+
+ROWS, DIM, BAG = 100_000, 64, 20
+
+def _sparse(batch_size, device, optimizer):
+    model = nn.EmbeddingBag(ROWS, DIM, mode="sum", sparse=True).to(device)
+    return _train(model, lambda: (torch.arange(batch_size * BAG, device=device).view(-1, BAG),),
+                  lambda m, ids: m(ids).square().mean(), optimizer(model.parameters()))
+
+def sparse_adagrad(batch_size, device):
+    return _sparse(batch_size, device, torch.optim.Adagrad)
+
+def sparse_adam(batch_size, device):
+    return _sparse(batch_size, device, torch.optim.SparseAdam)
+
+EXPERTS, TOKENS, IN, OUT = 4, 64, 32, 10
+
+def grouped_experts(batch_size, device):
+    weight = nn.Parameter(torch.randn(EXPERTS, IN, OUT, device=device))
+    model = nn.Module()
+    model.weight = weight
+    def loss(m, x):
+        offsets = torch.tensor([16, 32, 48, 64], dtype=torch.int32, device=device)
+        return torch._grouped_mm(x, m.weight, offs=offsets).sum()
+    return _train(model, lambda: (torch.randn(TOKENS, IN, device=device),), loss)
+"""
+
+
+@pytest.fixture(scope="module")
+def workloads(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("classes") / "class_workloads.py"
+    path.write_text(WORKLOADS)
+    return path
+
+
+def _allocations(spec: str, batch: int) -> list[tuple[str, int]]:
+    trace = trace_workload(resolve(spec), batch, get_profile("h200"))
+    return [(trace.blocks[e[1]].op, e[2]) for e in trace.events if e[0] == "alloc"]
+
+
+def test_a_module_that_deep_copies_its_layers_is_estimated(workloads):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("class_workloads", workloads)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    real = module.small_vit(2, torch.device("cpu")).model
+    weights = sum(-(-p.numel() * 4 // 512) * 512 for p in real.parameters())
+    report = estimate(f"{workloads}:small_vit", 8)
+    # the three deep copies of the encoder layer are parameters of their own
+    assert report.categories_at_peak.parameters == weights
+
+
+def test_a_model_compiled_in_build_is_estimated_as_its_eager_original(workloads):
+    eager = estimate(f"{workloads}:eager_mlp", 64)
+    compiled = estimate(f"{workloads}:compiled_mlp", 64)
+    assert compiled.peak.allocated_bytes == eager.peak.allocated_bytes
+    notes = compiled.extra["estimate"]["notes"]
+    assert any("the model (Sequential) is compiled" in n for n in notes)
+    assert not any("compiled" in n for n in eager.extra["estimate"]["notes"])
+
+
+def test_ctc_loss_runs_its_cpu_kernel_for_the_sizes_cuda_allocates(workloads):
+    allocations = _allocations(f"{workloads}:speech_ctc", 8)
+    # CUDA's CTC loss keeps log_alpha, (batch, T, 2S + 1) float32, for backward, and its
+    # backward makes log_beta of the same size
+    log_alpha = 8 * 50 * (2 * 12 + 1) * 4
+    ops = [op for op, size in allocations if size == log_alpha]
+    assert any("ctc_loss" in op for op in ops)
+    assert any(op == "ctc loss bwd" for op in ops)
+
+
+@pytest.mark.parametrize("optimizer", ["sparse_adagrad", "sparse_adam"])
+def test_sparse_gradients_have_the_size_of_their_indices_and_values(workloads, optimizer):
+    report = estimate(f"{workloads}:{optimizer}", 16)
+    looked_up = 16 * 20  # one row of the gradient per id looked up
+    indices, values = looked_up * 8, looked_up * 64 * 4
+    gradient = -(-indices // 512) * 512 + -(-values // 512) * 512
+    dense = 100_000 * 64 * 4
+    assert report.categories_at_peak.gradients == gradient
+    assert report.categories_at_peak.parameters == dense
+
+
+def test_grouped_gemm_in_float32_follows_cudas_rules(workloads):
+    allocations = _allocations(f"{workloads}:grouped_experts", 1)
+    # 64 tokens x 10 outputs, the rows 16-byte aligned (a stride of 12 float32): the
+    # storage ends at the last row's 10th element
+    assert ("_grouped_mm.default", (63 * 12 + 10) * 4) in allocations

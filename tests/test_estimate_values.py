@@ -1,0 +1,173 @@
+"""Values a step reads under an estimate: real where the step has them, the bound that needs
+the most memory where it does not (``vramscope.estimate.scalars``).
+
+Every workload here is real code traced with fake tensors on this CPU; the sizes asserted are
+computed by hand from the workload (a 4-byte float32 element, the caching allocator's
+512-byte rounding).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vramscope.errors import VramscopeError
+from vramscope.estimate.estimator import estimate
+from vramscope.estimate.scalars import assumed_indices
+
+WORKLOADS = """
+import torch, vramscope
+
+WIDTH = 256
+
+class Experts(torch.nn.Module):
+    '''A mixture-of-experts layer written the way tutorials write it: route each token
+    to its top-k experts, then loop over the experts, each on the tokens routed to it.'''
+    def __init__(self, experts=8, k=2, capacity=None):
+        super().__init__()
+        self.router = torch.nn.Linear(WIDTH, experts)
+        self.up = torch.nn.ModuleList(torch.nn.Linear(WIDTH, 8 * WIDTH) for _ in range(experts))
+        self.down = torch.nn.ModuleList(torch.nn.Linear(8 * WIDTH, WIDTH) for _ in range(experts))
+        self.k, self.capacity = k, capacity
+
+    def forward(self, x):
+        weights, chosen = self.router(x).softmax(-1).topk(self.k, dim=-1)
+        out = torch.zeros_like(x)
+        for e, (up, down) in enumerate(zip(self.up, self.down)):
+            token, slot = torch.where(chosen == e)
+            if self.capacity is not None:
+                token, slot = token[: self.capacity], slot[: self.capacity]
+            if token.numel() == 0:
+                continue
+            y = down(torch.relu(up(x[token]))) * weights[token, slot, None]
+            out = out.index_add(0, token, y)
+        return out
+
+def _workload(model, batch, loss):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return vramscope.Workload(model=model, optimizer=opt, batch=batch, loss=loss)
+
+def moe(batch_size, device):
+    model = Experts().to(device)
+    return _workload(model, lambda: torch.randn(batch_size, WIDTH, device=device),
+                     lambda m, x: m(x).square().mean())
+
+def moe_with_capacity(batch_size, device):
+    # each expert takes at most a quarter of the tokens: routing every token to the same
+    # experts drops most of them, spreading them evenly keeps them all
+    model = Experts(capacity=batch_size // 4).to(device)
+    return _workload(model, lambda: torch.randn(batch_size, WIDTH, device=device),
+                     lambda m, x: m(x).square().mean())
+
+def packed_sequences(batch_size, device):
+    # lengths the batch states: 1, 2, ... tokens; packed into one (sum, 1 MiB) buffer
+    model = torch.nn.Linear(1024, 256).to(device)
+    def batch():
+        lengths = torch.arange(1, batch_size + 1, device=device)
+        return (lengths,)
+    def loss(m, lengths):
+        rows = torch.repeat_interleave(torch.arange(batch_size, device=device), lengths)
+        x = torch.ones(rows.numel(), 1024, device=device)
+        return m(x).sum()
+    return _workload(model, batch, loss)
+
+def confident_tokens(batch_size, device):
+    # which tokens pass a threshold depends on the activations: unknown to an estimate
+    model = torch.nn.Linear(1024, 1024).to(device)
+    def infer(m, x):
+        y = m(x)
+        keep = y.amax(-1) > 0.5
+        return m(y[keep])
+    return vramscope.Workload(model=model, batch=lambda: (torch.randn(batch_size, 1024,
+                              device=device),), loss=infer)
+
+def counts_of_unknown_values(batch_size, device):
+    model = torch.nn.Linear(64, 64).to(device)
+    def loss(m, x):
+        y = m(x)
+        counts = torch.bincount((y * 10).long().clamp(min=0).flatten())
+        return y.sum() + counts.float().sum()
+    return _workload(model, lambda: (torch.randn(batch_size, 64, device=device),), loss)
+"""
+
+
+@pytest.fixture(scope="module")
+def workloads(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("values") / "value_workloads.py"
+    path.write_text(WORKLOADS)
+    return path
+
+
+def test_indices_of_unknown_values_are_assumed_the_same_for_every_row_or_spread():
+    source, index = torch.empty(6, 8), torch.empty(6, 2, dtype=torch.long)
+    same = assumed_indices(source, index, -1, permutes=False, spread=False)
+    spread = assumed_indices(source, index, -1, permutes=False, spread=True)
+    # heavy: every one of the 8 positions picked once, then the same two again and again
+    assert same.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [0, 1], [0, 1]]
+    assert spread.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [0, 1], [2, 3]]
+    # argmax over the last dimension, reduced away: one pick per row
+    row = torch.empty(12, dtype=torch.long)
+    assert assumed_indices(torch.empty(12, 8), row, -1, False, True).tolist() == [
+        *range(8),
+        *range(4),
+    ]
+    assert assumed_indices(torch.empty(12, 8), row, -1, False, False).tolist() == [
+        *range(8),
+        *[0] * 4,
+    ]
+    # sort: the identity
+    order = assumed_indices(source, torch.empty(6, 8, dtype=torch.long), -1, True, False)
+    assert order.tolist() == [list(range(8))] * 6
+
+
+def test_tokens_routed_to_the_same_experts_is_the_estimate_and_spread_routing_is_said(
+    workloads,
+):
+    report = estimate(f"{workloads}:moe", 512)
+    extra = report.extra["estimate"]
+    assert extra["assumption_variant"] == "heavy"
+    (routing,) = extra["assumptions"]
+    assert routing["op"] == "topk" and "value_workloads.py" in routing["where"]
+    # nearly every token on experts 0 and 1: each holds about (512, 2048) float32
+    # activations of 4 MiB, against a quarter of that when the picks spread over 8 experts
+    assert extra["alternative_peak"]["allocated_bytes"] < report.peak.allocated_bytes
+    assert extra["assumption_bytes"]["allocated_bytes"] >= 2 * 512 * 2048 * 4
+    finding = next(f for f in report.findings if f.kind == "assumption")
+    assert "topk" in finding.message and "depends on it" in finding.message
+
+
+def test_the_larger_of_the_two_routings_is_kept_when_spreading_needs_more(workloads):
+    report = estimate(f"{workloads}:moe_with_capacity", 4096)
+    extra = report.extra["estimate"]
+    # same experts: two experts take their 1,024 tokens, the six others one each; spread:
+    # all 8 take 1,024 (8 MiB of activations each)
+    assert extra["assumption_variant"] == "light"
+    assert extra["alternative_peak"]["allocated_bytes"] < report.peak.allocated_bytes
+
+
+def test_sizes_from_the_batch_are_exact(workloads):
+    report = estimate(f"{workloads}:packed_sequences", 8)
+    # lengths 1..8 pack 36 rows of 1024 float32: 144 KiB, read from the batch's values
+    assert report.extra["estimate"].get("assumptions") is None
+    assert report.extra["estimate"]["data_dependent"] == []
+    small = estimate(f"{workloads}:packed_sequences", 4)  # 10 rows
+    grown = report.peak.allocated_bytes - small.peak.allocated_bytes
+    assert grown >= (36 - 10) * 1024 * 4
+
+
+def test_a_selection_on_activations_keeps_every_element(workloads):
+    report = estimate(f"{workloads}:confident_tokens", 4096)
+    extra = report.extra["estimate"]
+    assert extra["assumption_variant"] == "heavy"
+    (selection,) = extra["assumptions"]
+    assert selection["kind"] == "selection" and "every element selected" in selection["assumed"]
+    # all 4,096 rows selected (16 MiB of float32, and the output computed from them) or none
+    assert extra["assumption_bytes"]["allocated_bytes"] > 4096 * 1024 * 4
+
+
+def test_a_size_without_any_bound_names_the_op_its_line_and_what_to_do(workloads):
+    with pytest.raises(VramscopeError, match=r"bincount at value_workloads\.py:\d+") as info:
+        estimate(f"{workloads}:counts_of_unknown_values", 4)
+    assert "minlength" in str(info.value) and "\n" not in str(info.value)
