@@ -64,7 +64,7 @@ def _file_kind(filename: str) -> int | str:
     kind = _FILE_KINDS.get(filename)
     if kind is None:
         path = os.path.abspath(filename)
-        torch_dir = os.path.dirname(torch.__file__)
+        torch_dir = os.path.dirname(torch.__file__) + os.sep  # not torchvision's folder
         if path.startswith(torch_dir) or path in _TRACE_FILES or "<frozen" in path:
             kind = _SKIP
         elif path.startswith(_OWN_DIR):
