@@ -613,11 +613,19 @@ def _flex_attention_uncompiled() -> Iterator[None]:
 def _quiet_fake_tensor_warnings() -> Iterator[None]:
     """Warnings about fake tensors themselves, not the user's code: a deep copy reads a fake
     tensor's data pointer (``Tensor.__deepcopy__``), sparse kernels run without invariant
-    checks."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
-        yield
+    checks, a meta kernel's error is logged."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    # a meta kernel that raises is logged with its traceback before the error reaches the
+    # user's code, which may catch it (a shape check); the trace reports what is not caught
+    logger.setLevel(max(level, logging.CRITICAL))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager
