@@ -27,7 +27,7 @@ from vramscope.report.model import PhaseStats, Report
 from vramscope.sources import allocator, nvml
 from vramscope.sources.allocator import LEDGER, AllocatorReading
 from vramscope.sources.host import ProcessTreeRss
-from vramscope.tracking.categories import ObjectCategories
+from vramscope.tracking.categories import ObjectCategories, ObjectLedger
 from vramscope.tracking.hooks import GlobalHooks
 from vramscope.tracking.phase_reads import ReadSchedule, check_phase_policy
 from vramscope.tracking.records import PhaseRecord, StepHistory, StepRecord, add_phase_times
@@ -47,7 +47,6 @@ SAMPLE_INTERVAL_S = 0.1  # the timeline's sampler, by default
 # the allocator's reads)
 SPACED_SAMPLE_INTERVAL_S = 0.5
 _grad_enabled = torch.is_grad_enabled  # (read at every model call)
-CENSUS_EVERY_STEP = 8  # optimizer steps counted one by one while a new optimizer has no state
 
 
 # at a phase boundary: (allocated now, peak allocated and peak reserved since the last
@@ -164,11 +163,7 @@ class Session:
         self._peak_where: tuple[int | None, str | None] = (None, None)
         self._peak_requested: int | None = None
         # the objects' bytes, the highest seen (a model gone by the end keeps its bytes)
-        self._objects_seen = ObjectCategories()
-        self._full_gradients_seen = 0
-        self._optimizer_state: dict[int, int] = {}  # id(optimizer) -> its state's bytes
-        self._census_due = False  # an optimizer whose state is not yet counted
-        self._census_tries = 0  # optimizer steps that ended while it was due
+        self._ledger = ObjectLedger()
         # called with (models, device type) each time the objects' bytes are counted, to
         # read more from the models while they live (DDP's gradient buckets, FSDP groups)
         self.object_probes: list[Callable[[list[torch.nn.Module], str], None]] = []
@@ -214,11 +209,14 @@ class Session:
             self._hooks.install()
             for model in list(self._models):
                 self._hooks.adopt(model)
-        if self.detail != "default" or self._attribution_options["snapshot"]:  # attribution
-            from vramscope.tracking.attribution import start_recorder
+        from vramscope.tracking.attribution import start_recorder
 
-            self._attribution = start_recorder(self)
-        if self._attribution is None and self._phase_policy != "all":
+        # what the peak is made of comes from the allocator's trace of the steps that hold
+        # it (the default detail traces the first steps, and a step after a new peak)
+        self._attribution = start_recorder(self)
+        if (self._attribution is None or not self._attribution.markers) and (
+            self._phase_policy != "all"
+        ):
             self._phase_reads = ReadSchedule(self._phase_policy)
         if self._use_status:
             self._status = _open_status(self)
@@ -293,7 +291,7 @@ class Session:
                     self._count_objects()
             elif isinstance(obj, torch.optim.Optimizer):
                 self._optimizers.add(obj)
-                self._census_due, self._census_tries = True, 0
+                self._ledger.new_optimizer()
 
     def window(self) -> dict[str, int | None]:
         """The peaks since the previous ``window()`` (or the start), for metrics logged per
@@ -442,27 +440,17 @@ class Session:
             )
 
     # ---- the objects' bytes ------------------------------------------------------------------
-    def _count_objects(self) -> None:
-        """Count the models' and optimizers' bytes now, keeping the highest seen."""
-        from vramscope.tracking.categories import full_gradient_bytes, object_categories
-
+    def _count_objects(self) -> ObjectCategories:
+        """Count the models' and optimizers' bytes now, keeping the highest seen (returns
+        what they hold now); the attribution labels their storages at the same moment."""
         models, optimizers = list(self._models), list(self._optimizers)
-        now = object_categories(models, optimizers, self._device_type)
-        seen = self._objects_seen
-        seen.parameters = max(seen.parameters, now.parameters)
-        seen.buffers = max(seen.buffers, now.buffers)
-        seen.gradients = max(seen.gradients, now.gradients)
-        self._full_gradients_seen = max(
-            self._full_gradients_seen, full_gradient_bytes(models, self._device_type)
-        )
-        for opt in optimizers:
-            state = object_categories([], [opt], self._device_type).optimizer_state
-            if state:
-                self._optimizer_state[id(opt)] = max(self._optimizer_state.get(id(opt), 0), state)
-        seen.optimizer_state = max(seen.optimizer_state, sum(self._optimizer_state.values()))
+        now = self._ledger.count(models, optimizers, self._device_type)
+        if self._attribution is not None:
+            self._attribution.census(models, optimizers)
         for probe in self.object_probes:
             with contextlib.suppress(Exception):
                 probe(models, self._device_type)
+        return now
 
     # ---- phase and step bookkeeping -------------------------------------------------------
     def _transition(self, name: str, new_step: bool = False) -> None:
@@ -677,6 +665,8 @@ class Session:
                 and step is not self._peak_record
                 and name == self._peak_where[1]
             ):
+                if peak_allocated > self._peak_allocated:
+                    self._trace_next_step()
                 self._peak_allocated = peak_allocated
                 self._peak_close = allocator.reading_from_stats(raw)
                 self._peak_where = (step.index, name)
@@ -696,6 +686,7 @@ class Session:
             step.unread_peak_allocated = max(step.unread_peak_allocated or 0, peak_allocated)
             step.unread_peak_reserved = max(step.unread_peak_reserved or 0, peak_reserved)
         if peak_allocated > self._peak_allocated:
+            self._trace_next_step()
             self._peak_allocated = peak_allocated
             self._peak_close = allocator.reading_from_stats(raw)
             self._peak_where = (step.index if step is not None else None, None)
@@ -705,6 +696,15 @@ class Session:
                 self._span_peak = (first, step.index)
                 if self._phase_reads is not None:  # read it phase by phase if it comes again
                     self._phase_reads.again()
+
+    def _trace_next_step(self) -> None:
+        """The run's peak rose where the allocator's trace did not record: trace the next
+        step, which reads its phases (steps repeat: its peak is where the trace sees it)."""
+        attribution = self._attribution
+        if attribution is not None and not attribution.recording:
+            attribution.schedule.mark_next()
+            if self._phase_reads is not None:
+                self._phase_reads.again(1)
 
     def _finish_step(self, now: float, light: _Light | None) -> None:
         step = self._step
@@ -760,7 +760,7 @@ class Session:
         )
         self._marker({"kind": "step", "index": index, "t": now - self._t0})
         if self._attribution is not None:  # attribution: a step marker
-            self._attribution.on_step(index)
+            self._attribution.on_step(index, reads)
 
     def _pace_sampler(self) -> None:
         """The sampler's interval by the steps' length: ``SPACED_SAMPLE_INTERVAL_S`` once the
@@ -841,8 +841,9 @@ class Session:
             or (self._phase is None or self._phase.name != "forward")
         ):
             self._transition("forward", new_step=new_step)
-        if self._attribution is not None:  # attribution: mark the model's modules
-            self._attribution.on_root(module)
+        attribution = self._attribution
+        if attribution is not None and (attribution.markers or attribution.recording):
+            attribution.on_root(module)  # attribution: mark the model's modules
         step = self._step
         if step is not None:
             if step.forwards == 0 and step.reads:
@@ -884,25 +885,27 @@ class Session:
         if self._last_optimizer() is not optimizer:
             if optimizer not in self._optimizers:
                 self._optimizers.add(optimizer)
-                self._census_due, self._census_tries = True, 0
+                self._ledger.new_optimizer()
             with contextlib.suppress(TypeError):
                 self._last_optimizer = weakref.ref(optimizer)
         self._transition("optimizer")
+        attribution = self._attribution
+        if attribution is not None and attribution.recording:  # the gradients' storages
+            attribution.on_optimizer_start(optimizer, list(self._models))
 
     def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None:
         if self._step is not None:
             self._step.saw_optimizer = True
-        if self._census_due and self._running:
+        attribution = self._attribution
+        if attribution is not None and attribution.recording:  # the state's storages
+            attribution.on_optimizer_end(optimizer)
+        if self._ledger.due and self._running and self._ledger.step_ended(optimizer):
             # a new optimizer's state exists once its first step has ended (not when the
             # optimizer phase closes: a closure's forward and backward run inside the step).
             # Still none: a step skipped (GradScaler's inf checks) or an optimizer without
             # state (SGD without momentum), which would pay a count of every parameter per
             # step; the first steps are counted, then the 16th, 32nd, ... (and the end)
-            self._census_tries += 1
-            tries = self._census_tries
-            if tries <= CENSUS_EVERY_STEP or tries & (tries - 1) == 0:
-                self._census_due = not optimizer.state
-                self._count_objects()
+            self._count_objects()
 
     def on_zero_grad(self) -> None:
         if not self._running:
@@ -947,16 +950,9 @@ class Session:
 
     # ---- results -----------------------------------------------------------------------------
     def _final_readings(self, stats: dict[str, Any] | None) -> dict[str, Any]:
-        from vramscope.tracking.categories import full_gradient_bytes, object_categories
-
         reading = allocator.reading_from_stats(stats) if stats is not None else None
         final: dict[str, Any] = {"reading": reading, "nvml": None}
-        models, optimizers = list(self._models), list(self._optimizers)
-        final["objects"] = object_categories(models, optimizers, self._device_type)
-        final["full_gradients"] = full_gradient_bytes(models, self._device_type)
-        self._count_objects()
-        final["objects_seen"] = self._objects_seen
-        final["full_gradients_seen"] = self._full_gradients_seen
+        final["objects"] = self._count_objects()
         if reading is not None and self._attribution is None:  # attribution snapshots itself
             with contextlib.suppress(Exception):
                 segments = torch.cuda.memory_snapshot()
@@ -987,13 +983,17 @@ class Session:
         if self._running:
             self.stop()
         if self._report is None:
+            from vramscope.report.findings import add_findings
             from vramscope.tracking.assemble import assemble_report
+            from vramscope.tracking.attribution import attach_attribution
+            from vramscope.tracking.peak import settle_categories
 
-            self._report = assemble_report(self)
-            if self._attribution is not None:  # attribution: modules, lines, snapshot
-                from vramscope.tracking.attribution import attach_attribution
-
-                attach_attribution(self, self._report)
+            report = assemble_report(self)
+            # the recorded allocations: the module tree, lines, snapshot, and the evidence
+            # of what the peak is made of, settled in one place before anything reads it
+            analysis = attach_attribution(self, report) if self._attribution else None
+            settle_categories(self, report, analysis)
+            self._report = add_findings(report)
         return self._report
 
 
