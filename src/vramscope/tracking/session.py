@@ -31,7 +31,7 @@ from vramscope.tracking.categories import ObjectCategories, ObjectLedger
 from vramscope.tracking.hooks import GlobalHooks
 from vramscope.tracking.phase_reads import ReadSchedule, check_phase_policy
 from vramscope.tracking.records import PhaseRecord, StepHistory, StepRecord, add_phase_times
-from vramscope.tracking.sampler import Sample, Sampler
+from vramscope.tracking.sampler import Sample, Sampler, max_known
 
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_PHASE_BANDS = 10_000  # timeline bands and markers kept (the first ones)
@@ -422,6 +422,16 @@ class Session:
         return (t - self._t0, allocated, reserved, used, self._rss_sampler.read())
 
     def _tick(self, sample: Sample) -> None:
+        schedule = self._phase_reads
+        if (
+            schedule is not None
+            and not self._step_reads
+            and sample[1] is not None
+            and sample[1] > self._peak_allocated >= 0
+        ):
+            # memory rose above every peak read so far while steps read nothing (a leak, a
+            # longer batch): read every step again, so the steps show where it goes
+            schedule.again()
         if self._status is None:
             return
         step = self._step
@@ -714,19 +724,40 @@ class Session:
         step.end_allocated = light[0] if light is not None else None
         self._step = None
         step.forward_modules.clear()  # needed only while the step is open
+        last = self._steps.last
+        # one read gives the highest point of all the unread steps since the read before:
+        # they all stand in one entry (the one the first of them went into), whatever their
+        # kind, so that every entry's peak is exact for every step it stands for
+        in_span = (
+            not step.reads
+            and last is not None
+            and self._span_start is not None
+            and step.index > self._span_start
+            and (last.last_index if last.last_index is not None else last.index) >= self._span_start
+        )
         if (
             step.forwards == 0
             and step.backwards == 0
             and not step.saw_optimizer
             and step is not self._peak_record
         ):
+            if in_span and step.unread_peak_allocated is not None:  # its read is the span's
+                last.unread_peak_allocated = max_known(  # type: ignore[union-attr]
+                    last.unread_peak_allocated,  # type: ignore[union-attr]
+                    step.unread_peak_allocated,
+                )
+                last.unread_peak_reserved = max_known(  # type: ignore[union-attr]
+                    last.unread_peak_reserved,  # type: ignore[union-attr]
+                    step.unread_peak_reserved,
+                )
             if self._attribution is not None:
                 self._attribution.schedule.forget(step.index)
             if self._phase_reads is not None and self._device_index is not None:
                 self._phase_reads.forget(step.reads)
             return  # only data loading (the loader's last, empty fetch) or nothing
-        last = self._steps.last
-        if not step.reads and last is not None and _same_kind(last, step):
+        if not step.reads and last is not None and (in_span or _same_kind(last, step)):
+            if not _same_kind(last, step) and self._phase_reads is not None:
+                self._phase_reads.again(1)  # another kind: the next entry starts at a read
             self._steps.fold_into_last(step, keep=self._peak_record)
         else:
             if not step.reads:  # of another kind than the entry before: an entry of its own
