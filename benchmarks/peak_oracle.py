@@ -441,6 +441,8 @@ def compare(oracle: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"ok": True, "problems": []}
     peak = report.get("peak", {}).get("allocated_bytes")
     cuda = steps["device"] == "cuda"
+    if not cuda:  # the CPU: the recorded storages' highest point (--detail modules, lines)
+        peak = (report.get("attribution") or {}).get("peak_bytes")
     truth_peak = steps["run_peak"] if cuda else (instant or {}).get("allocated_bytes")
     result["peak"] = peak
     result["oracle_peak"] = truth_peak
@@ -485,74 +487,76 @@ def compare(oracle: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def drive(ns: argparse.Namespace) -> int:
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
+def check_script(name: str, out: Path, details: list[str], small: bool, timeout: float) -> dict:
+    """The oracle's two passes and a vramscope run per detail on one script, compared."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
     )
-    names = ns.only or list(SCRIPTS)
-    rows: list[dict[str, Any]] = []
-    for name in names:
-        script, extra = SCRIPTS[name]
-        path = str(SCRIPTS_DIR / script)
-        args = [*extra, *(["--small"] if ns.small else [])]
-        row: dict[str, Any] = {"script": name, "runs": {}}
-        passes: dict[str, Any] = {}
-        for which in ("steps", "instant"):
-            target = passes.get("steps", {}) or {}
-            dest = out / f"{name}.oracle-{which}.json"
-            cmd = [sys.executable, __file__, "probe", "--pass", which, "--json", str(dest)]
-            if which == "instant" and target.get("run_peak"):
-                cmd += ["--target", str(target["run_peak"])]
-            code, text = _run([*cmd, path, *args], ns.timeout, env)
-            data = _load(dest)
-            if data is None:
-                row["error"] = f"oracle pass {which} failed ({code}): {text[-1500:]}"
-                break
-            passes[which] = data
-        row["oracle"] = passes
-        if "error" not in row:
-            inst = passes["instant"]
-            row["faithful"] = inst["run_peak"] == passes["steps"]["run_peak"]
-        for detail in ns.details:
-            dest = out / f"{name}.vramscope-{detail}.json"
-            cmd = [
-                sys.executable,
-                "-m",
-                "vramscope",
-                "run",
-                "--detail",
-                detail,
-                "--json",
-                str(dest),
-            ]
-            code, text = _run([*cmd, path, *args], ns.timeout, env)
-            report = _load(dest)
-            if report is None:
-                row["runs"][detail] = {
-                    "ok": False,
-                    "problems": [f"no report ({code}): {text[-800:]}"],
-                }
-                continue
-            if "error" in row:
-                row["runs"][detail] = {"ok": False, "problems": ["no oracle"]}
-                continue
+    script, extra = SCRIPTS[name]
+    path = str(SCRIPTS_DIR / script)
+    args = [*extra, *(["--small"] if small else [])]
+    row: dict[str, Any] = {"script": name, "runs": {}}
+    passes: dict[str, Any] = {}
+    for which in ("steps", "instant"):
+        target = passes.get("steps", {}) or {}
+        dest = out / f"{name}.oracle-{which}.json"
+        cmd = [sys.executable, __file__, "probe", "--pass", which, "--json", str(dest)]
+        if which == "instant" and target.get("run_peak"):
+            cmd += ["--target", str(target["run_peak"])]
+        code, text = _run([*cmd, path, *args], timeout, env)
+        data = _load(dest)
+        if data is None:
+            row["error"] = f"oracle pass {which} failed ({code}): {text[-1500:]}"
+            break
+        passes[which] = data
+    row["oracle"] = passes
+    if "error" not in row:
+        row["faithful"] = passes["instant"]["run_peak"] == passes["steps"]["run_peak"]
+    for detail in details:
+        dest = out / f"{name}.vramscope-{detail}.json"
+        cmd = [sys.executable, "-m", "vramscope", "run", "--detail", detail, "--json", str(dest)]
+        code, text = _run([*cmd, path, *args], timeout, env)
+        report = _load(dest)
+        if report is None:
+            problem = f"no report ({code}): {text[-800:]}"
+            row["runs"][detail] = {"ok": False, "problems": [problem]}
+        elif "error" in row:
+            row["runs"][detail] = {"ok": False, "problems": ["no oracle"]}
+        else:
             row["runs"][detail] = compare(passes, report)
-        same = [row["runs"][d].get("categories") for d in ns.details if d in row["runs"]]
-        same = [c for c in same if c]
-        if len(same) > 1:
-            row["details_agree"] = all(
-                all(c.get(k) == same[0].get(k) for k in OBJECT_CATEGORIES) for c in same
-            )
-        rows.append(row)
-        print(_row_text(row), flush=True)
+    same = [run.get("categories") for run in row["runs"].values() if run.get("categories")]
+    if len(same) > 1:
+        row["details_agree"] = all(
+            all(c.get(k) == same[0].get(k) for k in OBJECT_CATEGORIES) for c in same
+        )
+    return row
+
+
+def drive(ns: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = ns.only or list(SCRIPTS)
+    with ThreadPoolExecutor(max_workers=max(1, ns.jobs)) as pool:
+        futures = [
+            pool.submit(check_script, name, out, ns.details, ns.small, ns.timeout) for name in names
+        ]
+        rows = []
+        for future in futures:
+            rows.append(future.result())
+            print(_row_text(rows[-1]), flush=True)
     meta = _meta()
+    meta["small"] = ns.small
     (out / "oracle_results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / "oracle_results.txt").write_text(_table(rows, meta))
     print(_table(rows, meta))
-    return 0
+    return (
+        0
+        if all(r.get("runs") and all(x.get("ok") for x in r["runs"].values()) for r in rows)
+        else 1
+    )
 
 
 def _mib(value: int | None) -> str:
@@ -637,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--details", nargs="*", default=["default", "modules", "lines"])
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--small", action="store_true", help="the scripts' small sizes (CPU)")
+    parser.add_argument("--jobs", type=int, default=1, help="scripts checked at once")
     return drive(parser.parse_args(argv))
 
 

@@ -16,8 +16,9 @@ device = "cuda:0" if cuda else "cpu"
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ.setdefault("MASTER_PORT", str(port))
+if "RANK" not in os.environ:  # not under torchrun: a free port of our own, each run
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
 dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
 torch.manual_seed(0)
 width = 128 if small else 2048
