@@ -278,6 +278,12 @@ class Recorder:
             return
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return
+        enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+        if not self.markers and enabled is not None and enabled():
+            # the default detail leaves the program's own recording of the allocator alone
+            # (and splits the peak at phase boundaries)
+            self.active = False
+            return
         if self.device_index is None:
             self.device_index = torch.cuda.current_device()
         self._start_history()
