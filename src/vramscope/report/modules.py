@@ -934,19 +934,18 @@ def apply_to_report(report: Any, analysis: dict[str, Any], detail: str) -> None:
         "module_steps": analysis.get("module_steps"),
         "module_peak": analysis.get("module_peak"),
     }
-    run_peak = report.peak.allocated_bytes
-    if (
-        analysis["source"] != "cpu-dispatch"
-        and run_peak
-        and peak
-        and abs(peak - run_peak) > 0.01 * run_peak
-        and analysis.get("trace_windows") is not None
-    ):
-        # the trace ran in the marked steps only: the run's peak was in another step
-        marked = {k: analysis["peak"][k] for k in ("allocated_bytes", "step", "phase")}
-        attribution = report.extra["attribution"]
-        attribution["module_peak"] = marked
-        step = report.peak.step
-        attribution.update(peak_bytes=run_peak, peak_step=step, peak_phase=report.peak.phase)
-        notes.append(_unmarked_peak_note(step, run_peak, marked))
     report.extra["attribution_notes"] = notes + report.extra.get("attribution_notes", [])
+
+
+def unmarked_peak_note(report: Any, analysis: dict[str, Any]) -> str:
+    """The trace holds another highest point than the run's peak (its step ran without
+    markers): say what the module tables describe, in ``extra.attribution`` and in words."""
+    run_peak = report.peak.allocated_bytes
+    marked = {k: analysis["peak"][k] for k in ("allocated_bytes", "step", "phase")}
+    attribution = report.extra.get("attribution")
+    if attribution is not None:
+        attribution["module_peak"] = marked
+        attribution.update(
+            peak_bytes=run_peak, peak_step=report.peak.step, peak_phase=report.peak.phase
+        )
+    return _unmarked_peak_note(report.peak.step, run_peak, marked)

@@ -279,9 +279,13 @@ class Recorder:
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return
         enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
-        if not self.markers and enabled is not None and enabled():
-            # the default detail leaves the program's own recording of the allocator alone
-            # (and splits the peak at phase boundaries)
+        if not self.markers and (
+            (enabled is not None and enabled())
+            or getattr(torch._C, "_cuda_setMemoryMetadata", None) is None
+        ):
+            # the default detail leaves the program's own recording of the allocator alone,
+            # and traces only where markers can bound its steps (the peak is then split at
+            # phase boundaries)
             self.active = False
             return
         if self.device_index is None:

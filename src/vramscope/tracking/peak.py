@@ -45,7 +45,7 @@ def settle_categories(session: Any, report: Report, analysis: dict[str, Any] | N
                 "operators made (exact per storage); parameters, buffers, gradients and "
                 "optimizer state by the storages the objects held, the rest by lifetime"
             )
-        elif run_peak and traced and abs(traced - run_peak) <= 0.01 * run_peak:
+        elif run_peak and traced and _same_peak(analysis["peak"], report):
             cats, source = Categories(**analysis["categories"]), "allocator-trace"
             report.categories_note = (
                 f"exact at the peak (step {analysis['peak']['step']}, "
@@ -55,11 +55,16 @@ def settle_categories(session: Any, report: Report, analysis: dict[str, Any] | N
                 "temporaries and other by lifetime"
             )
         elif run_peak and traced:
+            from vramscope.report.modules import unmarked_peak_note
+
+            said = (
+                unmarked_peak_note(report, analysis) + "; "
+                if session._attribution is not None and session._attribution.markers
+                else ""
+            )
             notes.append(
-                f"the allocator's trace holds a highest point of {traced} bytes (step "
-                f"{analysis['peak']['step']}), the run's peak is {run_peak} bytes (step "
-                f"{report.peak.step}): the trace did not record the peak's step, so the "
-                "categories are split at phase boundaries"
+                said + "the allocator's trace did not record the step of the run's peak "
+                f"(step {report.peak.step}), so the categories are split at phase boundaries"
             )
     if cats is None and cuda and run_peak is not None:
         cats, source = _split_at_phase_boundaries(session, report), "phase-boundaries"
@@ -74,6 +79,17 @@ def settle_categories(session: Any, report: Report, analysis: dict[str, Any] | N
             rec.tensors = cats
     if notes:
         report.extra.setdefault("attribution_notes", []).extend(notes)
+
+
+def _same_peak(traced: dict[str, Any], report: Report) -> bool:
+    """Whether the trace's highest point is the run's peak: the same step (the trace sizes
+    blocks as the allocator does, within 1 %), or a step that repeats it (the same phase and
+    bytes: the run's peak moves to the latest step that reaches it again)."""
+    run_peak = report.peak.allocated_bytes or 0
+    gap = abs(traced["allocated_bytes"] - run_peak)
+    if traced["step"] == report.peak.step:
+        return gap <= 0.01 * run_peak
+    return gap == 0 or (traced["phase"] == report.peak.phase and gap <= 0.001 * run_peak)
 
 
 def _objects_only(session: Any, report: Report) -> Categories:
