@@ -17,11 +17,17 @@ in each detail, and compares.
   storages the objects hold (every ``nn.Module`` and ``Optimizer`` alive, found through the
   garbage collector, which is never run), activations by the storages saved for backward,
   the rest temporaries; what the operator allocated and freed again before it returned
-  (``max_memory_allocated() - memory_allocated()`` there) is temporaries too. The operator's
-  own outputs are classified as the objects hold them once it returned (a gradient becomes
-  ``.grad`` right after the operator that computed it). The classes add up to the peak.
+  (``max_memory_allocated() - memory_allocated()`` there) is temporaries too. A block that
+  no object holds yet is classified as the objects hold it at the next operator's start,
+  once the autograd node the peak fell in has returned (a weight's gradient, computed by
+  that node, is ``.grad`` then; a forward's output is saved for backward once the operator
+  is recorded); on the CPU, where every free is seen, one still unheld waits for the next
+  optimizer step's start while it lives (a compiled backward assigns its gradients when it
+  returns). The classes add up to the peak.
   Pass ``instant`` also checks its own step peaks against pass ``steps`` (``faithful``): a
-  dispatch mode does not change eager allocations, but torch.compile runs eagerly under one.
+  dispatch mode does not change eager allocations, but torch.compile runs eagerly under one,
+  so a compiled run's instant is not seen; where the two passes' peaks differ, only the
+  peak and the steps are judged.
 - On a CPU there is no caching allocator: the dispatch mode keeps the live storages every
   operator returned (freed when their storage dies), and their sum stands for allocated
   memory, in both passes. That checks the classification without a GPU; the caching
@@ -30,9 +36,9 @@ in each detail, and compares.
 Usage (results as JSON and a text table in OUT):
 
     python benchmarks/peak_oracle.py --out OUT [--only NAME ...] [--details default modules lines]
-        [--timeout 600] [--small]
+        [--timeout 600] [--small] [--jobs N]
 
-Targets (issue): parameters, buffers, gradients and optimizer state within 0.1 % of the
+Targets: parameters, buffers, gradients and optimizer state within 0.1 % of the
 oracle; activations plus temporaries (plus vramscope's "other") within 2 % of the peak; the
 default and the modules detail give the same categories; every step entry's peak equals the
 oracle's highest step peak among the steps it stands for.
@@ -108,9 +114,11 @@ class Probe:
         self.step_peak = 0  # pass instant / CPU: the highest op peak of the open step
         self.best = -1
         self.best_info: dict[str, Any] | None = None
-        self.pending: dict[int, int] = {}  # outputs of the peak op: block address -> bytes
+        self.pending: dict[int, int] = {}  # unheld at the peak: block address -> bytes
+        self.waiting = False  # pending waits for the next optimizer step
         self.saved: weakref.WeakSet[_Saved] = weakref.WeakSet()
         self.live: dict[int, int] = {}  # CPU: storage pointer -> bytes
+        self._refs: dict[int, Any] = {}  # CPU: storage pointer -> weak reference
         self.live_total = 0
         self.ops = 0
         self._mode: Any = None
@@ -135,13 +143,20 @@ class Probe:
                 continue
             self.live[ptr] = size
             self.live_total += size
-            weakref.finalize(storage, self._freed, ptr)
+            self._refs[ptr] = weakref.ref(storage, lambda _, ptr=ptr: self._freed(ptr))
 
     def _freed(self, ptr: int) -> None:
+        self._refs.pop(ptr, None)
         size = self.live.pop(ptr, 0)
         self.live_total -= size
+        if self.waiting:
+            self.pending.pop(ptr, None)
 
     # ---- steps -----------------------------------------------------------------------------------
+    def on_optimizer_start(self, *args: Any) -> None:
+        if self.pending:  # a compiled backward's gradients are .grad by now
+            self._resolve_pending()
+
     def on_step(self, *args: Any) -> None:
         self._resolve_pending()
         self.steps.append(self._close_step())
@@ -158,15 +173,15 @@ class Probe:
 
     # ---- operators ---------------------------------------------------------------------------------
     def before_op(self) -> int:
-        if self.pending:
-            self._resolve_pending()
+        if self.pending and not self.waiting:
+            self._resolve_pending(keep=True)
         if self.cuda and self.torch.cuda.is_initialized():
             before = self.torch.cuda.memory_allocated()
             self.torch.cuda.reset_peak_memory_stats()
             return before
         return self.live_total
 
-    def after_op(self, func: Any, out: Any) -> None:
+    def after_op(self, func: Any, out: Any = None) -> None:
         self.ops += 1
         if self.cuda:
             if not self.torch.cuda.is_initialized():
@@ -281,16 +296,11 @@ class Probe:
             categories[labels.get(start, "temporaries")] += size
         inside = peak - live  # made and freed inside the operator before it returned
         categories["temporaries"] += inside
-        self.pending = {}
-        starts = sorted(blocks)
-        for t in _tensors(out):
-            try:
-                ptr = t.untyped_storage().data_ptr()
-            except Exception:
-                continue
-            i = bisect.bisect_right(starts, ptr) - 1
-            if i >= 0 and starts[i] not in labels:
-                self.pending[starts[i]] = blocks[starts[i]]
+        # what the operator (and the autograd node it runs in) made is the objects' once it
+        # returned: a weight's gradient is ``.grad`` right after its node, an output saved
+        # for backward once the forward operator is recorded
+        self.pending = {start: size for start, size in blocks.items() if start not in labels}
+        self.waiting = False
         self.best_info = {
             "allocated_bytes": peak,
             "live_blocks_bytes": live,
@@ -301,11 +311,14 @@ class Probe:
             "categories": categories,
         }
 
-    def _resolve_pending(self) -> None:
-        """The peak operator's outputs, as the objects hold them now that it returned."""
-        pending, self.pending = self.pending, {}
+    def _resolve_pending(self, keep: bool = False) -> None:
+        """The blocks no object held at the peak, as the objects hold them now. ``keep``:
+        those still unheld wait for the next optimizer step (on the CPU, where a freed
+        block leaves ``pending`` at once, so an address used again is never taken for it)."""
+        pending = self.pending
         info = self.best_info
         if not pending or info is None:
+            self.pending = {}
             return
         blocks = {start: size for start, size in self._blocks().items() if start in pending}
         labels = self._label(blocks)
@@ -313,12 +326,23 @@ class Probe:
         for start, category in labels.items():
             cats["temporaries"] -= pending[start]
             cats[category] += pending[start]
-        info["outputs_labelled"] = {start: labels[start] for start in labels}
+            info.setdefault("labelled_after", {})[category] = (
+                info.get("labelled_after", {}).get(category, 0) + pending[start]
+            )
+        self.pending = (
+            {k: v for k, v in pending.items() if k in blocks and k not in labels}
+            if keep and not self.cuda
+            else {}
+        )
+        self.waiting = bool(self.pending)
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self, script: str, args: list[str]) -> dict[str, Any]:
         torch = self.torch
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
         from torch.utils._python_dispatch import TorchDispatchMode
 
         probe = self
@@ -338,7 +362,10 @@ class Probe:
         def unpack(holder: _Saved) -> Any:
             return holder.tensor
 
-        handle = register_optimizer_step_post_hook(self.on_step)
+        handles = [
+            register_optimizer_step_pre_hook(self.on_optimizer_start),
+            register_optimizer_step_post_hook(self.on_step),
+        ]
         sys.argv = [script, *args]
         sys.path.insert(0, str(Path(script).resolve().parent))
         use_mode = self.instant or not self.cuda
@@ -366,7 +393,8 @@ class Probe:
                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             )
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
         self._resolve_pending()
         tail = self._close_step()
         peaks = [*self.steps, tail]
@@ -436,9 +464,15 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 
 def compare(oracle: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-    """One vramscope report against the oracle: the differences and whether each is in target."""
+    """One vramscope report against the oracle: the differences and whether each is in target.
+
+    When the instant pass did not reach the run's peak (torch.compile runs eagerly under a
+    dispatch mode), only the peak and the steps are judged."""
     steps, instant = oracle["steps"], oracle["instant"]
     result: dict[str, Any] = {"ok": True, "problems": []}
+    if instant and abs(instant["run_peak"] - steps["run_peak"]) > 0.001 * steps["run_peak"]:
+        instant = None
+        result["instant"] = "not faithful: the categories are not judged"
     peak = report.get("peak", {}).get("allocated_bytes")
     cuda = steps["device"] == "cuda"
     if not cuda:  # the CPU: the recorded storages' highest point (--detail modules, lines)
@@ -515,7 +549,8 @@ def check_script(name: str, out: Path, details: list[str], small: bool, timeout:
         passes[which] = data
     row["oracle"] = passes
     if "error" not in row:
-        row["faithful"] = passes["instant"]["run_peak"] == passes["steps"]["run_peak"]
+        gap = abs(passes["instant"]["run_peak"] - passes["steps"]["run_peak"])
+        row["faithful"] = gap <= 0.001 * passes["steps"]["run_peak"]
     for detail in details:
         dest = out / f"{name}.vramscope-{detail}.json"
         cmd = [sys.executable, "-m", "vramscope", "run", "--detail", detail, "--json", str(dest)]

@@ -12,7 +12,7 @@ width = 128 if small else 2048
 model = nn.Sequential(nn.Linear(width, 4 * width), nn.ReLU(), nn.Linear(4 * width, 10)).to(device)
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 accumulate = 4
-for _ in range(6):
+for _ in range(3 if small else 6):
     for _micro in range(accumulate):
         x = torch.randn(128, width, device=device)
         y = torch.randint(0, 10, (128,), device=device)

@@ -19,7 +19,7 @@ model = nn.Sequential(
 ).to(device)
 compiled = torch.compile(model, backend=backend)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-for _ in range(8):
+for _ in range(3 if small else 8):
     x = torch.randn(256, width, device=device)
     y = torch.randint(0, 10, (256,), device=device)
     loss = nn.functional.cross_entropy(compiled(x), y)

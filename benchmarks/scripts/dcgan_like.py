@@ -40,7 +40,7 @@ criterion = nn.BCELoss()
 optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-4, betas=(0.5, 0.999))
 optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-4, betas=(0.5, 0.999))
 
-for _ in range(5):
+for _ in range(2 if small else 5):
     real = torch.randn(batch, 3, 32, 32, device=device)
     netD.zero_grad()
     label = torch.full((batch,), 1.0, device=device)

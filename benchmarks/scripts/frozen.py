@@ -15,7 +15,7 @@ model = nn.Sequential(backbone, head).to(device)
 for p in backbone.parameters():
     p.requires_grad_(False)
 optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-for _ in range(8):
+for _ in range(3 if small else 8):
     x = torch.randn(128, width, device=device)
     y = torch.randint(0, 10, (128,), device=device)
     loss = nn.functional.cross_entropy(model(x), y)

@@ -35,7 +35,7 @@ for layer in model:
         fully_shard(layer)
 fully_shard(model)
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-for _ in range(8):
+for _ in range(3 if small else 8):
     x = torch.randn(128, width, device=device)
     y = torch.randint(0, 10, (128,), device=device)
     loss = nn.functional.cross_entropy(model(x), y)

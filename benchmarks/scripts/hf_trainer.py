@@ -32,7 +32,7 @@ class Tokens(torch.utils.data.Dataset):
 with tempfile.TemporaryDirectory() as out:
     args = TrainingArguments(
         output_dir=out,
-        max_steps=6,
+        max_steps=3 if small else 6,
         per_device_train_batch_size=4 if small else 16,
         learning_rate=1e-4,
         report_to="none",

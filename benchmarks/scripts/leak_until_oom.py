@@ -1,6 +1,6 @@
 """A leak: every step keeps its logits (with their graph) in a list, so memory grows each step
 until the device runs out (on CUDA the script caps itself at ``--cap-gib``; on the CPU it
-stops at step 40 with a MemoryError)."""
+stops at step 12 with a MemoryError)."""
 
 import sys
 
@@ -27,5 +27,5 @@ for step in range(10_000):
     optimizer.step()
     optimizer.zero_grad()
     history.append(logits)  # kept for "metrics": the leak
-    if device == "cpu" and step == 39:
+    if device == "cpu" and step == 11:
         raise MemoryError("out of memory (the CPU run stops here)")

@@ -32,7 +32,8 @@ class Classifier(L.LightningModule):
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(8 * 64, width), torch.randint(0, 10, (8 * 64,)))
+    n = (3 if small else 8) * 64
+    data = TensorDataset(torch.randn(n, width), torch.randint(0, 10, (n,)))
     trainer = L.Trainer(
         max_epochs=1,
         accelerator="auto",

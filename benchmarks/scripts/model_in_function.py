@@ -19,7 +19,7 @@ def main() -> None:
         nn.Linear(width, 10),
     ).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(8):
+    for _ in range(3 if small else 8):
         x = torch.randn(64, width, device=device)
         y = torch.randint(0, 10, (64,), device=device)
         optimizer.zero_grad(set_to_none=True)

@@ -10,7 +10,7 @@ small = "--small" in sys.argv
 device = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(0)
 width = 128 if small else 2048
-batches = 6 if small else 12
+batches = 2 if small else 12
 
 data = TensorDataset(torch.randn(batches * 64, width), torch.randint(0, 10, (batches * 64,)))
 loader = DataLoader(data, batch_size=64)

@@ -41,7 +41,6 @@ from vramscope.tracking.events import (
     PHASE,
     STEP,
     EventLog,
-    merge_allocator_trace,
     merge_trace_windows,
     trim_records,
 )
@@ -155,11 +154,11 @@ class Recorder:
         self._names: dict[int, tuple[int, str]] = {}  # module -> (root, dotted name)
         self._roots: list[int] = []
         self.stack: list[int] = []
-        self._handles: list[Any] = []
-        self._node_handles: list[Any] = []
+        self._node_handles: list[Any] = []  # hooks on autograd nodes (backward markers)
         self._backward_hooks: dict[int, Callable[[Any], None]] = {}
         self._censuses: list[list[list[Any]]] = []
-        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        # the session's optimizers when it stops (the census of what is left)
+        self.optimizers: list[torch.optim.Optimizer] = []
         self._state_counts: dict[int, int] = {}
         self._param_names: dict[int, tuple[int, str]] | None = None
         self._step_starts: list[int] = []
@@ -252,10 +251,9 @@ class Recorder:
 
             hooks.remove_listener(self)
             self._listening = False
-        for handle in self._handles + self._node_handles:
+        for handle in self._node_handles:
             with contextlib.suppress(Exception):
                 handle.remove()
-        self._handles.clear()
         self._node_handles.clear()
         self.stack.clear()
 
@@ -403,12 +401,9 @@ class Recorder:
             if self._set_meta is None:
                 self._probe()
             torch.cuda.synchronize(self.device_index)
-            if self._windows or self._windowed:
-                if not self._history_on:  # the end state: an empty last window
-                    self._start_history()
-                self._raw_snapshot = self._end_window(None)
-            else:
-                self._raw_snapshot = torch.cuda.memory._snapshot()
+            if not self._history_on:  # the end state: an empty last window
+                self._start_history()
+            self._raw_snapshot = self._end_window(None)  # a trace in one piece: one window
         finally:
             self._cuda_on = False
             self._history_on = False
@@ -505,12 +500,8 @@ class Recorder:
                     "and torch.compile runs code eagerly while one is active: the compiled "
                     "model ran uncompiled in this run (on CUDA it stays compiled)"
                 )
-        for name, module in root.named_modules():
-            index = self.module_index(module)
-            if compiled and name.startswith("_orig_mod."):
-                name = name[len("_orig_mod.") :]  # the model's own names
-            if index not in self._names:
-                self._names[index] = (root_index, name)
+        for name, module in _named_modules(root):  # a compiled model's own names
+            self._names.setdefault(self.module_index(module), (root_index, name))
 
     def module_index(self, module: torch.nn.Module) -> int:
         index = self._index.get(id(module))
@@ -717,7 +708,6 @@ class Recorder:
     ) -> None:
         """The gradients as the optimizer step begins: every model's (a GAN's other model
         keeps gradients its optimizer has not stepped), in each step that is recorded."""
-        self._optimizers.add(optimizer)
         self.census(models, [optimizer], ("gradients",))
 
     def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None:
@@ -744,10 +734,6 @@ class Recorder:
             ):
                 self._roots.append(index)
                 self._param_names = None
-
-    def add_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
-        for opt in optimizers:
-            self._optimizers.add(opt)
 
     def _final_census(self) -> None:
         """The module table (names, classes, nesting) and the storages every object left
@@ -779,7 +765,7 @@ class Recorder:
                 }
             )
         self._module_table = table
-        self.census(roots, list(self._optimizers))
+        self.census(roots, self.optimizers)
 
     # ---- the event log -------------------------------------------------------------------------------
     def event_log(self) -> EventLog:
@@ -816,58 +802,22 @@ class Recorder:
         return log
 
     def _merge_cuda(self, log: EventLog) -> None:
-        snapshot = self._raw_snapshot
-        if snapshot is None:
+        """The windows of the allocator's trace (one, when it ran in every step) joined
+        with the markers."""
+        if self._raw_snapshot is None or not self._windows:
             log.records = list(self.log)
             log.notes.append(
                 "no allocator trace: CUDA was never initialized while tracking, "
                 "so allocations could not be attributed"
             )
             return
-        if self._windows:
-            self._merge_windows(log)
-            return
-        index = self.device_index or 0
-        traces = snapshot.get("device_traces") or []
-        trace = traces[index] if index < len(traces) else []
-        active, segments = _allocated_and_segments(snapshot, index)
-        times = self._marker_times_on_trace(trace)
-        records, baseline, frames, info = merge_allocator_trace(
-            trace,
-            active,
-            self.log,
-            marker_base=self.base,
-            marker_times_us=times,
-            library_dirs=_LIBRARY_DIRS,
-            segment_spans=segments,
-            metadata_prefix=self._meta_prefix if self._set_meta is not None else "",
-        )
-        log.records, log.baseline, log.frames = records, baseline, frames
-        log.meta["block_sizes"] = "allocator"
-        log.meta["segments"] = segments
-        log.meta["stacks"] = self.stacks
-        info["max_entries"] = MAX_TRACE_ENTRIES
-        info["overflowed"] = len(trace) >= MAX_TRACE_ENTRIES
-        log.meta["trace"] = info
-        if info["overflowed"]:
-            log.notes.append(
-                f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events and filled up: "
-                "allocations before its window count as live before it; raise "
-                "VRAMSCOPE_TRACE_ENTRIES to see more"
-            )
-        if info["join"] != "metadata":
-            log.notes.append(
-                "this torch has no allocator user metadata: markers were placed on the trace "
-                "by time, which can misplace allocations made within a microsecond of a marker"
-            )
-
-    def _merge_windows(self, log: EventLog) -> None:
         records, baseline, frames, info = merge_trace_windows(
             self._windows,
             self.log,
             marker_base=self.base,
+            marker_times_us=self._marker_times_on_trace(self._windows[-1]["trace"]),
             library_dirs=_LIBRARY_DIRS,
-            metadata_prefix=self._meta_prefix,
+            metadata_prefix=self._meta_prefix if self._set_meta is not None else "",
         )
         log.records, log.baseline, log.frames = records, baseline, frames
         log.meta["block_sizes"] = "allocator"
@@ -877,17 +827,21 @@ class Recorder:
         info["dropped_windows"] = self._dropped_windows
         info["overflowed"] = any(len(w["trace"]) >= MAX_TRACE_ENTRIES for w in self._windows)
         log.meta["trace"] = info
+        bound = f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events"
         if self._dropped_windows:
             log.notes.append(
-                f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events: the "
-                f"{self._dropped_windows} oldest windows of marked steps were dropped; raise "
-                "VRAMSCOPE_TRACE_ENTRIES to keep more"
+                f"{bound}: the {self._dropped_windows} oldest windows of marked steps were "
+                "dropped; raise VRAMSCOPE_TRACE_ENTRIES to keep more"
             )
         elif info["overflowed"]:
             log.notes.append(
-                f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events and filled up: "
-                "allocations before its window count as live before it; raise "
-                "VRAMSCOPE_TRACE_ENTRIES to see more"
+                f"{bound} and filled up: allocations before its window count as live before "
+                "it; raise VRAMSCOPE_TRACE_ENTRIES to see more"
+            )
+        if info["join"] not in ("metadata", "end"):
+            log.notes.append(
+                "this torch has no allocator user metadata: markers were placed on the trace "
+                "by time, which can misplace allocations made within a microsecond of a marker"
             )
 
     def _marker_times_on_trace(self, trace: list[dict[str, Any]]) -> list[float] | None:
@@ -1024,7 +978,7 @@ def stop_recorder(session: Any) -> None:
     recorder: Recorder = session._attribution
     with contextlib.suppress(Exception):
         recorder.add_models(list(session._models))
-        recorder.add_optimizers(list(session._optimizers))
+        recorder.optimizers = list(session._optimizers)
     recorder.stop()
 
 
