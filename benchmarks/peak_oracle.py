@@ -21,9 +21,11 @@ in each detail, and compares.
   no object holds yet is classified as the objects hold it at the next operator's start,
   once the autograd node the peak fell in has returned (a weight's gradient, computed by
   that node, is ``.grad`` then; a forward's output is saved for backward once the operator
-  is recorded); on the CPU, where every free is seen, one still unheld waits for the next
-  optimizer step's start while it lives (a compiled backward assigns its gradients when it
-  returns). The classes add up to the peak.
+  is recorded); one still unheld then waits for the next optimizer step's start as long as
+  it lives (a weight's gradient becomes ``.grad`` once its whole node has run, a compiled
+  backward's when it returns; a block freed meanwhile is dropped: on the CPU the dispatch
+  mode sees its storage die, on CUDA the allocator's history, recorded from the peak on,
+  says so). The classes add up to the peak.
   Pass ``instant`` also checks its own step peaks against pass ``steps`` (``faithful``): a
   dispatch mode does not change eager allocations, but torch.compile runs eagerly under one,
   so a compiled run's instant is not seen; where the two passes' peaks differ, only the
@@ -84,6 +86,7 @@ SCRIPTS: dict[str, tuple[str, list[str]]] = {
     "fsdp2": ("fsdp2.py", []),
     "leak-until-oom": ("leak_until_oom.py", []),
 }
+MAX_ENTRIES = 2_000_000  # the allocator's history kept from the peak to the next optimizer step
 OBJECT_SHARE = 0.001  # parameters, buffers, gradients, optimizer state: of the oracle's value
 REST_SHARE = 0.02  # activations + temporaries (+ other): of the peak
 
@@ -116,6 +119,7 @@ class Probe:
         self.best_info: dict[str, Any] | None = None
         self.pending: dict[int, int] = {}  # unheld at the peak: block address -> bytes
         self.waiting = False  # pending waits for the next optimizer step
+        self._watching = False  # CUDA: the allocator's history runs since the peak
         self.saved: weakref.WeakSet[_Saved] = weakref.WeakSet()
         self.live: dict[int, int] = {}  # CPU: storage pointer -> bytes
         self._refs: dict[int, Any] = {}  # CPU: storage pointer -> weak reference
@@ -301,6 +305,8 @@ class Probe:
         # for backward once the forward operator is recorded
         self.pending = {start: size for start, size in blocks.items() if start not in labels}
         self.waiting = False
+        if self.cuda:  # from now on, the allocator's frees: a pending block freed is dropped
+            self._watch_frees(True)
         self.best_info = {
             "allocated_bytes": peak,
             "live_blocks_bytes": live,
@@ -311,14 +317,47 @@ class Probe:
             "categories": categories,
         }
 
+    def _watch_frees(self, on: bool) -> None:
+        """On CUDA, record the allocator's history from the peak on (alloc and free entries,
+        no stacks), so that a pending block freed, and its address used again, is seen."""
+        memory = self.torch.cuda.memory
+        try:
+            if on:
+                memory._record_memory_history(
+                    enabled="all", context=None, stacks="python", max_entries=MAX_ENTRIES,
+                    clear_history=True,
+                )  # fmt: skip
+            else:
+                memory._record_memory_history(enabled=None)
+            self._watching = on
+        except Exception:
+            self._watching = False
+
+    def _freed_since_peak(self) -> set[int] | None:
+        """Addresses freed since the peak (None: not known, the history is off or full)."""
+        if not self._watching:
+            return None
+        trace = self.torch.cuda.memory._snapshot().get("device_traces") or []
+        entries = trace[self.torch.cuda.current_device()] if trace else []
+        if len(entries) >= MAX_ENTRIES:
+            return None
+        return {e["addr"] for e in entries if str(e.get("action", "")).startswith("free")}
+
     def _resolve_pending(self, keep: bool = False) -> None:
         """The blocks no object held at the peak, as the objects hold them now. ``keep``:
-        those still unheld wait for the next optimizer step (on the CPU, where a freed
-        block leaves ``pending`` at once, so an address used again is never taken for it)."""
+        those still unheld wait for the next optimizer step (a block freed meanwhile leaves
+        ``pending``: on the CPU at once, on CUDA by the allocator's history)."""
         pending = self.pending
         info = self.best_info
+        if self.cuda and pending:
+            freed = self._freed_since_peak()
+            if freed is None:
+                keep = False
+            pending = {k: v for k, v in pending.items() if freed is None or k not in freed}
         if not pending or info is None:
             self.pending = {}
+            if self.cuda and self._watching:
+                self._watch_frees(False)
             return
         blocks = {start: size for start, size in self._blocks().items() if start in pending}
         labels = self._label(blocks)
@@ -330,11 +369,11 @@ class Probe:
                 info.get("labelled_after", {}).get(category, 0) + pending[start]
             )
         self.pending = (
-            {k: v for k, v in pending.items() if k in blocks and k not in labels}
-            if keep and not self.cuda
-            else {}
+            {k: v for k, v in pending.items() if k in blocks and k not in labels} if keep else {}
         )
         self.waiting = bool(self.pending)
+        if self.cuda and not self.pending and self._watching:
+            self._watch_frees(False)
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def run(self, script: str, args: list[str]) -> dict[str, Any]:
