@@ -389,7 +389,11 @@ class Probe:
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
                 probe.before_op()
-                out = func(*args, **(kwargs or {}))
+                try:
+                    out = func(*args, **(kwargs or {}))
+                except BaseException:  # an out-of-memory error: what it reached still counts
+                    probe.after_op(func, None)
+                    raise
                 probe.after_op(func, out)
                 return out
 

@@ -201,8 +201,8 @@ class Session:
         self._running = True
         LEDGER.install()
         self._ensure_device()
-        if self._device_index is not None:
-            self._first_reading = self._read(reset=True)
+        self._first_reading = None
+        self._read_light(reset=True)  # the first reading
         self._first_reading_rss = self._rss_main.read()
         if self._use_hooks:
             self._hooks = GlobalHooks(self)
@@ -272,8 +272,9 @@ class Session:
 
     def mark_built(self) -> None:
         """Note that the model and optimizer now exist: the startup figures are read here."""
-        if self._running and self._ensure_device():
-            self._first_reading = self._read(reset=True)
+        if self._running:
+            self._first_reading = None
+            self._read_light(reset=True)  # the first reading, now
         self._first_reading_rss = self._rss_main.read()
 
     def watch(self, *objects: torch.nn.Module | torch.optim.Optimizer) -> None:
@@ -373,15 +374,6 @@ class Session:
             self._device_uuid = "GPU-" + str(torch.cuda.get_device_properties(index).uuid)
             self._nvml_device = nvml.device_by_uuid(self._device_uuid)
         return True
-
-    def _read(self, reset: bool) -> AllocatorReading | None:
-        if self._device_index is None and not self._ensure_device():
-            return None
-        stats = LEDGER.read_for_tracking(self._device_index, reset=reset)
-        reading = allocator.reading_from_stats(stats)
-        if self._first_reading is None:
-            self._first_reading = reading
-        return reading
 
     def _read_light(self, reset: bool) -> _Light | None:
         """The three numbers a phase boundary needs (and the stats they came from)."""
@@ -652,22 +644,12 @@ class Session:
         stats.count += 1
         stats.duration_s += now - phase.start_s
         if light is not None:
-            allocated, peak_allocated, peak_reserved, raw = light
-            if self._carry_allocated or self._carry_reserved:
-                peak_allocated = max(peak_allocated, self._carry_allocated)
-                peak_reserved = max(peak_reserved, self._carry_reserved)
-                self._carry_allocated = self._carry_reserved = 0
-            if peak_allocated > self._window_allocated:
-                self._window_allocated = peak_allocated
-            if peak_reserved > self._window_reserved:
-                self._window_reserved = peak_reserved
+            peak_allocated, peak_reserved = self._peaks(light)
             if stats.peak_allocated_bytes is None or peak_allocated > stats.peak_allocated_bytes:
                 stats.peak_allocated_bytes = peak_allocated
             if stats.peak_reserved_bytes is None or peak_reserved > stats.peak_reserved_bytes:
                 stats.peak_reserved_bytes = peak_reserved
-            stats.end_allocated_bytes = allocated
-            if peak_reserved > self._peak_reserved:
-                self._peak_reserved = peak_reserved
+            stats.end_allocated_bytes = light[0]
             if peak_allocated > self._peak_allocated or (
                 # the same peak again in the same phase of a later step: the steady state's
                 # (the first step has no optimizer state yet), so categories describe it
@@ -675,32 +657,44 @@ class Session:
                 and step is not self._peak_record
                 and name == self._peak_where[1]
             ):
-                if peak_allocated > self._peak_allocated:
-                    self._trace_next_step()
-                self._peak_allocated = peak_allocated
-                self._peak_close = allocator.reading_from_stats(raw)
-                self._peak_where = (step.index, name)
-                self._peak_record = step
+                self._set_peak(peak_allocated, light[3], step, name)
+
+    def _peaks(self, light: _Light) -> tuple[int, int]:
+        """A read's peaks allocated and reserved, with the open phase's from before a
+        ``window()`` reset the counters; counted into ``window()`` and the run's reserved."""
+        peak_allocated, peak_reserved = light[1], light[2]
+        if self._carry_allocated or self._carry_reserved:
+            peak_allocated = max(peak_allocated, self._carry_allocated)
+            peak_reserved = max(peak_reserved, self._carry_reserved)
+            self._carry_allocated = self._carry_reserved = 0
+        if peak_allocated > self._window_allocated:
+            self._window_allocated = peak_allocated
+        if peak_reserved > self._window_reserved:
+            self._window_reserved = peak_reserved
+        if peak_reserved > self._peak_reserved:
+            self._peak_reserved = peak_reserved
+        return peak_allocated, peak_reserved
+
+    def _set_peak(
+        self, peak: int, raw: dict[str, Any], step: StepRecord | None, name: str | None
+    ) -> None:
+        """The run's peak is ``peak``, in phase ``name`` of ``step`` (None: not read)."""
+        if peak > self._peak_allocated:
+            self._trace_next_step()
+        self._peak_allocated = peak
+        self._peak_close = allocator.reading_from_stats(raw)
+        self._peak_where = (step.index if step is not None else None, name)
+        self._peak_record = step
 
     def _peak_without_phase(self, light: _Light, step: StepRecord | None) -> None:
         """A read whose peak no phase owns: before the first phase (``step`` None), or the
         whole of the unread steps that end with ``step`` (see phase_reads.py)."""
-        _allocated, peak_allocated, peak_reserved, raw = light
-        peak_allocated = max(peak_allocated, self._carry_allocated)
-        peak_reserved = max(peak_reserved, self._carry_reserved)
-        self._carry_allocated = self._carry_reserved = 0
-        self._window_allocated = max(self._window_allocated, peak_allocated)
-        self._window_reserved = max(self._window_reserved, peak_reserved)
-        self._peak_reserved = max(self._peak_reserved, peak_reserved)
+        peak_allocated, peak_reserved = self._peaks(light)
         if step is not None:
             step.unread_peak_allocated = max(step.unread_peak_allocated or 0, peak_allocated)
             step.unread_peak_reserved = max(step.unread_peak_reserved or 0, peak_reserved)
         if peak_allocated > self._peak_allocated:
-            self._trace_next_step()
-            self._peak_allocated = peak_allocated
-            self._peak_close = allocator.reading_from_stats(raw)
-            self._peak_where = (step.index if step is not None else None, None)
-            self._peak_record = step
+            self._set_peak(peak_allocated, light[3], step, None)
             if step is not None:
                 first = self._span_start if self._span_start is not None else step.index
                 self._span_peak = (first, step.index)
