@@ -264,6 +264,11 @@ class Recorder:
         self._refs.clear()  # no free is recorded after the run
 
     @property
+    def tracing(self) -> bool:
+        """Whether the allocator's trace was started (it ends with a snapshot)."""
+        return self.active and self._cuda_on
+
+    @property
     def recording(self) -> bool:
         """Whether allocations are recorded now (on CUDA with markers on a schedule, only in
         the marked steps: each runs in a window of the allocator's trace)."""

@@ -978,7 +978,9 @@ class Session:
         reading = allocator.reading_from_stats(stats) if stats is not None else None
         final: dict[str, Any] = {"reading": reading, "nvml": None}
         final["objects"] = self._count_objects()
-        if reading is not None and self._attribution is None:  # attribution snapshots itself
+        recorder = self._attribution
+        if reading is not None and (recorder is None or not recorder.tracing):
+            # (a recorder that traces the allocator takes its own snapshot when it stops)
             with contextlib.suppress(Exception):
                 segments = torch.cuda.memory_snapshot()
                 final["private_pools"] = allocator.private_pools(segments, self._device_index)
