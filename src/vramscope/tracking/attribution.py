@@ -12,9 +12,14 @@ session: the allocator keeps it per thread, and a thread keeps a previous sessio
 each trace entry says exactly which markers came before it (without that API, markers are
 placed by time). On the CPU a
 dispatch mode records each new storage and a weak reference records its free, into the
-same list as the markers. After the run, :meth:`Recorder.event_log` builds one
-:class:`~vramscope.tracking.events.EventLog` either way; the analysis is
-:mod:`vramscope.report.modules`.
+same list as the markers. At the moments the session counts the objects' bytes (a model
+found, a new optimizer's first steps, the end), and at each recorded optimizer step for the
+gradients, a census puts the addresses of the storages the objects hold into the same list:
+the analysis classifies blocks by them. With the default detail, on CUDA, a recorder without
+module markers traces the first steps and a step after each new peak: what the peak is made
+of comes from the same analysis (:mod:`vramscope.tracking.peak`). After the run,
+:meth:`Recorder.event_log` builds one :class:`~vramscope.tracking.events.EventLog` either
+way; the analysis is :mod:`vramscope.report.modules`.
 """
 
 from __future__ import annotations
@@ -616,7 +621,6 @@ class Recorder:
             return
         if len(self._node_handles) > 4096:  # hooks of graphs long gone: keep the newest
             del self._node_handles[:-4096]
-        self._step_starts.append(len(self.log))
         marking = self.schedule.begin(index, reads)
         if marking != self.marking:
             self._set_marking(marking)
@@ -625,6 +629,9 @@ class Recorder:
                 self._resume_history()
             else:
                 self._pause_history()
+        if not self.markers and not self.recording and self._cuda_on:
+            return  # the default detail, a step not traced: nothing to keep, however long the run
+        self._step_starts.append(len(self.log))
         self.mark([STEP, index])
         if len(self.log) > MAX_RECORDS:
             self._trim()
