@@ -701,15 +701,16 @@ def _table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 def _meta() -> dict[str, Any]:
     import torch
 
-    device = "cpu"
-    if torch.cuda.is_available():
-        device = torch.cuda.get_device_name(0)
-    return {
+    meta: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
-        "device": device,
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+    if torch.cuda.is_available():
+        meta["device"] = meta["gpu"] = torch.cuda.get_device_name(0)
+    else:
+        meta["device"] = meta["cpu"] = f"CPU ({platform.machine()}, {os.cpu_count()} CPUs)"
+    return meta
 
 
 def main(argv: list[str] | None = None) -> int:
