@@ -48,11 +48,10 @@ def settle_categories(session: Any, report: Report, analysis: dict[str, Any] | N
         elif run_peak and traced and _same_peak(analysis["peak"], report):
             cats, source = Categories(**analysis["categories"]), "allocator-trace"
             report.categories_note = (
-                f"exact at the peak (step {analysis['peak']['step']}, "
-                f"{analysis['peak']['phase']}), from the allocator's trace: parameters, "
-                "buffers, gradients and optimizer state by the storages the objects held; "
-                "activations (made in a forward, alive when its backward began), "
-                "temporaries and other by lifetime"
+                f"exact at the peak, from the allocator's trace of step "
+                f"{analysis['peak']['step']}: parameters, buffers, gradients and optimizer "
+                "state by the storages the objects held; activations (made in a forward, "
+                "alive when its backward began), temporaries and other by lifetime"
             )
         elif run_peak and traced:
             from vramscope.report.modules import unmarked_peak_note
