@@ -386,6 +386,10 @@ class Recorder:
 
     def _resume_history(self) -> None:
         if self._windowed and self._cuda_on and not self._history_on:
+            enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+            if not self.markers and enabled is not None and enabled():
+                self._cuda_on = False  # the program records it now: leave it alone
+                return
             try:
                 self._start_history()
             except Exception as exc:  # never the user's run: no trace from here on
