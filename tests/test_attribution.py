@@ -115,7 +115,11 @@ def test_module_tree_names_depth_and_optimizer_state():
     assert rows["blocks.0.fc1"]["parameters_bytes"] == fc1_bytes
     # AdamW: two moments per parameter, and a scalar step count each
     assert rows["blocks.0.fc1"]["optimizer_state_bytes"] == 2 * fc1_bytes + 2 * F32
-    assert rows["blocks.0.fc1"]["gradients_bytes"] == fc1_bytes
+    # the peak is in step 1's backward, before the gradient reached blocks.0: what each
+    # module holds is what it holds at the peak, and the tree adds up to the categories
+    assert report.extra["attribution"]["peak_phase"] == "backward"
+    assert rows["blocks.0.fc1"]["gradients_bytes"] == 0
+    assert 0 < rows[""]["gradients_bytes"] == report.categories_at_peak.gradients < fc1_bytes
     assert rows["blocks.0"]["parameters_bytes"] == sum(
         p.numel() * F32 for p in model.blocks[0].parameters()
     )

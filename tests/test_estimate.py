@@ -68,6 +68,10 @@ def test_the_estimate_has_the_shape_of_a_measured_report(gpt):
     assert cats.optimizer_state == GPT_REPORT["categories_at_peak"]["optimizer_state"]
     assert all(getattr(cats, name) is not None for name in CATEGORY_NAMES)
     assert gpt.modules[0]["name"] == "" and gpt.modules[0]["parameters_bytes"] > 0
+    # the module table holds what the categories hold at the same peak (the model's row is
+    # the whole model): a peak with no gradient alive shows none in either table
+    for name in ("parameters", "buffers", "gradients", "optimizer_state"):
+        assert gpt.modules[0][f"{name}_bytes"] == getattr(cats, name), name
     verdict = gpt.extra["verdict"]
     assert verdict["fits"] is True and verdict["gpu"] == "h200"
     assert verdict["headroom_bytes"] == verdict["total_bytes"] - gpt.peak.device_used_bytes

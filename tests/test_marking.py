@@ -168,7 +168,7 @@ def test_bad_module_steps_is_one_line_and_exit_2():
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "module steps must be auto, all or a number" in lines[0]
+    assert len(lines) == 1 and "module steps must be auto, all, first or a number" in lines[0]
 
 
 def test_a_slow_first_marked_step_does_not_stretch_the_interval():

@@ -666,3 +666,71 @@ def report_schema(root: Path) -> str:
                 f"{_type(schema, node)}. {_cell(node.get('description', ''))}",
             ]
     return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- the oracle
+
+
+def _mib(value: int | None) -> str:
+    return "–" if value is None else f"{value / 2**20:.2f}"
+
+
+def _oracle(root: Path, name: str) -> str:
+    """vramscope against benchmarks/peak_oracle.py: what the peak is made of, per detail."""
+    data = load(root, name)
+    objects = ("parameters", "buffers", "gradients", "optimizer_state")
+    rows = []
+    for row in data["rows"]:
+        if "error" in row:
+            rows.append([row["script"], "", "oracle failed", "", "", "", ""])
+            continue
+        steps = row["oracle"]["steps"]
+        instant = (row["oracle"]["instant"].get("instant") or {}) if row.get("faithful") else {}
+        truth = instant.get("categories") or {}
+        peak = steps["run_peak"] if steps["device"] == "cuda" else instant.get("allocated_bytes")
+        oracle = "/".join(_mib(truth.get(k)) for k in objects) if truth else "not judged"
+        for detail, run in row["runs"].items():
+            cats = run.get("categories") or {}
+            rest = (run.get("differences") or {}).get("rest")
+            rows.append(
+                [
+                    row["script"],
+                    detail,
+                    _mib(peak),
+                    oracle,
+                    "/".join(_mib(cats.get(k)) for k in objects),
+                    "–" if rest is None or not peak else f"{100 * rest / peak:+.2f} %",
+                    "yes" if run.get("ok") else "no: " + "; ".join(run.get("problems", []))[:120],
+                ]
+            )
+    return block(
+        markdown(
+            [
+                "script",
+                "detail",
+                "peak MiB",
+                "oracle P/B/G/O MiB",
+                "vramscope P/B/G/O MiB",
+                "rest vs oracle",
+                "in target",
+            ],
+            rows,
+            "llrllrl",
+        ),
+        f"Parameters / buffers / gradients / optimizer state at the peak; rest: vramscope's "
+        f"activations + temporaries + other against the oracle's activations + temporaries, "
+        f"as a share of the peak ({measured_on(data['meta'])}"
+        + (", the scripts' small sizes" if data["meta"].get("small") else "")
+        + ").",
+        source(name),
+    )
+
+
+@table("oracle-cpu")
+def oracle_cpu(root: Path) -> str:
+    return _oracle(root, "peak_oracle_cpu.json")
+
+
+@table("oracle-h200")
+def oracle_h200(root: Path) -> str:
+    return _oracle(root, "peak_oracle_h200.json")

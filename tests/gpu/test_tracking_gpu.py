@@ -240,3 +240,32 @@ def test_side_stream_allocations_count_in_the_peak() -> None:
     report = session.report()
     assert report.peak.allocated_bytes == torch.cuda.max_memory_allocated()
     assert report.peak.allocated_bytes >= 64 * 2**20
+
+
+LEAK = ROOT / "tests" / "scripts" / "leak_steps.py"
+
+
+@pytest.mark.parametrize("end", ["normal", "oom", "sigterm", "sigint"])
+def test_every_step_entry_is_exact_however_the_run_ends(end: str, tmp_path: Path) -> None:
+    """Memory grows 64 MiB a step, an evaluation step comes in between, phases are read on 1
+    step in 8: every entry's peak is the highest of the script's own per-step
+    max_memory_allocated among the steps it stands for, the step the run ended in included,
+    whether it ends normally, out of memory, by SIGTERM or by Ctrl-C."""
+    peaks_path, report_path = tmp_path / "peaks.json", tmp_path / "report.json"
+    subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "--phase-steps", "8", "--json",
+         str(report_path), str(LEAK), "--end", end, "--peaks", str(peaks_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    peaks = json.loads(peaks_path.read_text())
+    report = json.loads(report_path.read_text())
+    assert report["exit"]["status"] == {
+        "normal": "ok", "oom": "oom", "sigterm": "terminated", "sigint": "interrupted"
+    }[end]  # fmt: skip
+    steps = report["steps"]
+    assert sum(s["count"] for s in steps) == len(peaks)
+    assert len(steps) < len(peaks)  # steps were folded
+    for s in steps:
+        last = s["last_index"] if s["last_index"] is not None else s["index"]
+        assert s["peak_allocated_bytes"] == max(peaks[s["index"] : last + 1]), (s, peaks)
+    assert report["peak"]["allocated_bytes"] == max(peaks)

@@ -45,12 +45,13 @@ def detail_options(func):
                 "module_steps",
                 default="auto",
                 show_default=True,
-                metavar="auto|all|N",
+                metavar="auto|all|first|N",
                 help="With --detail modules: the steps that place module markers. auto: every "
                 "step while the markers cost under 2% of a step, else the first 3 and every "
-                "N-th with N chosen to keep that; all: every step; N: the first 3 and every "
-                "N-th. Phase peaks cover every step either way; on CUDA the allocator's trace "
-                "runs in the marked steps.",
+                "N-th with N chosen to keep that; all: every step; first: the first 3; N: the "
+                "first 3 and every N-th. A step after a new peak in a step without markers is "
+                "marked too. Phase peaks cover every step either way; on CUDA the allocator's "
+                "trace runs in the marked steps.",
             ),
             click.option(
                 "--phase-steps",

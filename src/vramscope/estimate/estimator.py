@@ -50,6 +50,12 @@ if TYPE_CHECKING:
 
 MAX_SIMULATED_STEPS = 8
 MIN_SIMULATED_STEPS = 3
+_KIND_TO_COLUMN = {
+    "parameter": "parameters_bytes",
+    "buffer": "buffers_bytes",
+    "gradient": "gradients_bytes",
+    "optimizer_state": "optimizer_state_bytes",
+}
 _KIND_TO_CATEGORY = {
     "parameter": "parameters",
     "buffer": "buffers",
@@ -295,6 +301,7 @@ class Replay:
     reserved_at_end: int = 0
     activations: dict[int, str] = field(default_factory=dict)  # block -> kind at peak
     module_activations: dict[str, int] = field(default_factory=dict)
+    origins: dict[int, int] = field(default_factory=dict)  # a repeat's block -> trace block
     stable: bool = True
 
 
@@ -444,6 +451,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                     key = mapping.get(bid)
                     if key is None:
                         key = mapping[bid] = _fresh()
+                        out.origins[key] = bid
                 block_kind = kinds[key] = blocks[bid].kind
                 log((_KIND, key, block_kind))
                 alloc(key, event[2], where, fallback_of(bid), event[3])
@@ -775,7 +783,8 @@ def _categories(result: Replay) -> Categories:
 
 
 def _modules(trace: Trace, result: Replay, depth: int = 2, limit: int = 40) -> list[dict[str, Any]]:
-    """The module tree to ``depth`` (each module with its descendants): what it owns and the
+    """The module tree to ``depth`` (each module with its descendants): what it holds at the
+    peak (the same blocks as the categories, so the tree adds up to them) and the
     activations it saves for backward; pre-order, the largest sibling first."""
     rows = {r["name"]: r for r in trace.modules}
     keys = ("parameters_bytes", "buffers_bytes", "gradients_bytes", "optimizer_state_bytes")
@@ -787,11 +796,14 @@ def _modules(trace: Trace, result: Replay, depth: int = 2, limit: int = 40) -> l
         parts = name.split(".") if name else []
         return ["", *(".".join(parts[: i + 1]) for i in range(len(parts)))]
 
-    for name, row in rows.items():
-        for anc in chain(name):
+    for key, size in result.peak_live.items():
+        column = _KIND_TO_COLUMN.get(result.activations.get(key, ""))
+        meta = trace.blocks.get(result.origins.get(key, key))
+        if column is None or meta is None:
+            continue
+        for anc in chain(meta.owner if meta.owner in rows else ""):
             if anc in totals:
-                for k in keys:
-                    totals[anc][k] += row.get(k, 0)
+                totals[anc][column] += -(-size // 512) * 512
     for name, size in result.module_activations.items():
         for anc in chain(name if name in rows else ""):
             if anc in totals:

@@ -98,28 +98,34 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None) -> Iterator[tuple[A
 
 def _label_persistent(recorder: Recorder, workload: Workload) -> None:
     """Parameters, buffers, gradients and optimizer state are what the objects hold now
-    (called after set-up, when backward ends and when the optimizer step ends)."""
+    (called after set-up, when backward ends and when the optimizer step ends), each with
+    the module that owns it (its first owner: tied weights count once)."""
+    owners: dict[int, str] = {}
+    for name, module in workload.model.named_modules():
+        for t in (*module._parameters.values(), *module._buffers.values()):
+            if t is not None:
+                owners.setdefault(id(t), name)
     for t in workload.model.parameters():
         st = _storage(t)
         if st is not None:
-            recorder.retag(st, "parameter")
+            recorder.retag(st, "parameter", owners.get(id(t)))
     for t in workload.model.buffers():
         st = _storage(t)
         if st is not None:
-            recorder.retag(st, "buffer")
+            recorder.retag(st, "buffer", owners.get(id(t)))
     for p in workload.model.parameters():
         if p.grad is not None:
             st = _storage(p.grad)
             if st is not None:
-                recorder.retag(st, "gradient")
+                recorder.retag(st, "gradient", owners.get(id(p)))
             elif p.grad.layout != torch.strided:  # a sparse gradient (nn.Embedding(sparse=True))
                 for part in sparse_parts(p.grad):
-                    recorder.retag(part.untyped_storage(), "gradient")
-    for _, state in optimizer_state(workload.optimizer):
+                    recorder.retag(part.untyped_storage(), "gradient", owners.get(id(p)))
+    for p, state in optimizer_state(workload.optimizer):
         for t in _tensors_in(state):
             st = _storage(t)
             if st is not None:
-                recorder.retag(st, "optimizer_state")
+                recorder.retag(st, "optimizer_state", owners.get(id(p)))
 
 
 def _module_table(

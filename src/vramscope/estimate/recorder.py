@@ -35,6 +35,7 @@ class BlockMeta:
     op: str
     freed_phase: str | None = None
     freed_step: int | None = None
+    owner: str | None = None  # the module whose parameter, buffer, gradient or state it is
 
 
 @dataclass
@@ -399,7 +400,10 @@ class Recorder:
                     self.live[storage._cdata] = (None, entry[1], entry[2])
                     return
 
-    def retag(self, storage: Any, kind: str) -> None:
+    def retag(self, storage: Any, kind: str, owner: str | None = None) -> None:
         entry = self.live.get(storage._cdata)
         if entry is not None and entry[0] is not None:
-            self.blocks[entry[0]].kind = kind
+            meta = self.blocks[entry[0]]
+            meta.kind = kind
+            if owner is not None:
+                meta.owner = owner

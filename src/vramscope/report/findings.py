@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import statistics
 
-from vramscope.report.model import Finding, Report
+from vramscope.report.model import Finding, Report, StepStats
 from vramscope.units import format_bytes
 
 MIB = 1024**2
@@ -24,6 +24,11 @@ def _slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / var
 
 
+def _last(step: StepStats) -> int:
+    """The last step an entry stands for (its end is that step's end)."""
+    return step.last_index if step.last_index is not None else step.index
+
+
 def find_leak(report: Report) -> list[Finding]:
     """Allocated at step boundaries growing steadily over the steady-state steps."""
     steps = [s for s in report.steps if s.end_allocated_bytes is not None and s.mode == "train"]
@@ -33,7 +38,7 @@ def find_leak(report: Report) -> list[Finding]:
     if len(steady) < 4:
         return []
     ends = [s.end_allocated_bytes for s in steady]
-    growth = _slope([float(s.index) for s in steady], [float(v) for v in ends])
+    growth = _slope([float(_last(s)) for s in steady], [float(v) for v in ends])
     rising = sum(1 for a, b in itertools.pairwise(ends) if b > a)
     peak = report.peak.allocated_bytes or max(ends)
     threshold = max(256 * 1024, 0.001 * peak)
@@ -54,7 +59,7 @@ def find_leak(report: Report) -> list[Finding]:
     total = ends[-1] - ends[0]
     message = (
         f"memory grows by {format_bytes(growth)} per step "
-        f"({format_bytes(total)} over steps {steady[0].index}–{steady[-1].index})"
+        f"({format_bytes(total)} over steps {_last(steady[0])}–{_last(steady[-1])})"
     )
     if where:
         message += f", in the {where} phase"
@@ -240,5 +245,8 @@ FINDERS = (
 
 
 def add_findings(report: Report) -> Report:
-    report.findings = [f for finder in FINDERS for f in finder(report)]
+    findings = [f for finder in FINDERS for f in finder(report)]
+    if any(f.kind == "leak" for f in findings):  # memory that grows has no steady state
+        findings = [f for f in findings if f.kind != "first_step"]
+    report.findings = findings
     return report

@@ -4,12 +4,13 @@ that made the peak, and line tables out. Pure functions over plain data: no torc
 The log is replayed once, in order. Each block remembers where it was allocated: the
 phase and step, the modules whose forwards were running (or, in backward, the module the
 gradient had reached) and the creating line. The peak is the highest sum of live blocks.
-Categories follow from objects first (a census names the storages of parameters, buffers,
-gradients and optimizer state) and from lifetimes for the rest: allocated in a forward and
-still alive when the backward begins = activations; allocated in a backward and alive
-after it = gradients; allocated in an optimizer step and alive after it = optimizer state;
-anything else allocated in a step = temporaries; what was there before, or was made
-outside the phases (inputs, data) = other.
+Parameters, buffers, gradients and optimizer state are the blocks whose storages the objects
+held at a census (taken when a model is found, at each recorded optimizer step and at the
+end), by identity only; the rest by lifetime: allocated in a forward and still alive when
+the backward begins = activations; anything else allocated in a step = temporaries (a
+cuBLAS workspace made in the first backward and kept is not a gradient); what was there
+before, or was made outside the phases (inputs, data) = other. What each module holds at
+the peak is its labelled blocks alive there, so the module tree adds up to the categories.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def analyze(
     replay = _Replay(log)
     replay.run()
     modules_table = log.modules
-    main_root = _main_root(modules_table)
+    main_root = _main_root(modules_table, replay)
     names = [_display_name(i, modules_table, main_root) for i in range(len(modules_table))]
     peak_blocks = replay.live_at_peak()
     categories = _categories(replay, peak_blocks)  # the run's peak: markers not needed
@@ -355,7 +356,11 @@ class _Replay:
                 self.census_missed += 1
                 continue
             b = self.blocks[block]
-            if b.label is None or _priority(category) < _priority(b.label[0]):
+            if (
+                b.label is None
+                or _priority(category) < _priority(b.label[0])
+                or (category == b.label[0] and b.label[1] < 0 <= module)  # now with its owner
+            ):
                 b.label = (category, module, name)
                 b.label_shape, b.label_dtype = shape, dtype
                 self.census_labels += 1
@@ -528,7 +533,8 @@ def _priority(category: str) -> int:
 
 
 def category_of(replay: _Replay, b: Block) -> str:
-    """The category of one block, by its census label or else by its lifetime."""
+    """The category of one block: by its census label (the objects' storages), or else by
+    its lifetime (activations, temporaries, other; never an object category)."""
     if b.label is not None:
         return b.label[0]
     if b.alloc < 0:
@@ -540,10 +546,6 @@ def category_of(replay: _Replay, b: Block) -> str:
             return "activations"
         return "temporaries"
     if phase in ("backward", "optimizer"):
-        current = replay.pass_at(b.alloc)
-        end = current.end if current is not None else None
-        if end is not None and (b.free is None or b.free >= end):
-            return "gradients" if phase == "backward" else "optimizer_state"
         return "temporaries"
     return "other"
 
@@ -558,15 +560,17 @@ def _categories(replay: _Replay, live: list[Block]) -> dict[str, int]:
 # ---- modules ---------------------------------------------------------------------------------------
 
 
-def _main_root(table: list[dict[str, Any]]) -> int:
+def _main_root(table: list[dict[str, Any]], replay: _Replay) -> int:
+    """The model with the most parameter bytes (by the labelled blocks)."""
     roots = [i for i, m in enumerate(table) if m.get("parent", -1) == -1 and not m.get("name")]
     if not roots:
         return -1
     totals = dict.fromkeys(roots, 0)
-    for m in table:
-        root = m.get("root", -1)
-        if root in totals:
-            totals[root] += m.get("parameters_bytes", 0)
+    for b in replay.blocks.values():
+        if b.label is not None and b.label[0] == "parameters" and 0 <= b.label[1] < len(table):
+            root = table[b.label[1]].get("root", -1)
+            if root in totals:
+                totals[root] += b.size
     return max(roots, key=lambda r: (totals[r], -r))
 
 
@@ -605,17 +609,20 @@ def _module_rows(
     for i, m in enumerate(table):
         children.setdefault(m.get("parent", -1), []).append(i)
 
-    def subtree_sum(key: str) -> list[int]:
-        totals = [0] * n
-        for i, m in enumerate(table):
-            for a in ancestors[i]:
-                totals[a] += m.get(key, 0) or 0
-        return totals
-
-    params = subtree_sum("parameters_bytes")
-    buffers = subtree_sum("buffers_bytes")
-    grads = subtree_sum("gradients_bytes")
-    opt = subtree_sum("optimizer_state_bytes")
+    # what each module's subtree holds at the peak: its labelled blocks alive there (the
+    # same blocks the categories count, so the tree adds up to them)
+    held = {c: [0] * n for c in ("parameters", "buffers", "gradients", "optimizer_state")}
+    outside_held = dict.fromkeys(held, 0)
+    for b in peak_blocks:
+        if b.label is None or b.label[0] not in held:
+            continue
+        if 0 <= b.label[1] < n:
+            for a in ancestors[b.label[1]]:
+                held[b.label[0]][a] += b.size
+        else:  # an optimizer's parameter that no model owns
+            outside_held[b.label[0]] += b.size
+    params, buffers = held["parameters"], held["buffers"]
+    grads, opt = held["gradients"], held["optimizer_state"]
     backward = _reference_backward(replay)
     # the step the per-module numbers describe: the peak's, or when the peak fell where no
     # backward follows (before the first, after the last), the last step with a backward
@@ -696,13 +703,13 @@ def _module_rows(
     peak_total = replay.peak or 0
     for b in peak_blocks:
         owners: list[int] = []
-        if b.label is not None and 0 <= b.label[1] < n:
-            owners = ancestors[b.label[1]]
+        if b.label is not None:
+            owners = ancestors[b.label[1]] if 0 <= b.label[1] < n else []
         elif b.phase == "forward" or (b.phase == "backward" and b.stack):
             owners = sorted(set(b.stack) | {a for m in b.stack[-1:] for a in ancestors[m]})
         elif b.phase == "backward" and 0 <= b.owner < n:
             owners = ancestors[b.owner]
-        if not owners and b.phase in ("forward", "backward") and b.label is None:
+        if not owners and (b.label is not None or b.phase in ("forward", "backward")):
             outside["share_bytes"] += b.size
         for m in owners:
             if 0 <= m < n:
@@ -752,16 +759,13 @@ def _module_rows(
         if r != main_root and weight(r) == (0, 0) and not calls_total[r]:
             continue
         walk(r)
-    if outside["activations_bytes"] or outside["share_bytes"]:
+    if outside["activations_bytes"] or outside["share_bytes"] or any(outside_held.values()):
         rows.append(
             {
                 "name": OUTSIDE,
                 "class": "",
                 "depth": 0,
-                "parameters_bytes": 0,
-                "buffers_bytes": 0,
-                "gradients_bytes": 0,
-                "optimizer_state_bytes": 0,
+                **{f"{c}_bytes": v for c, v in outside_held.items()},
                 "activations_bytes": outside["activations_bytes"],
                 "forward_temporaries_peak_bytes": 0,
                 "backward_temporaries_peak_bytes": 0,
@@ -910,17 +914,14 @@ def _line_tables(replay: _Replay, log: EventLog) -> list[dict[str, Any]]:
 
 
 def apply_to_report(report: Any, analysis: dict[str, Any], detail: str) -> None:
-    """Put an analysis into a Report: modules, categories at the peak, extra sections.
-
-    On CUDA the categories replace the default split only when the analysed peak is the
-    run's peak (within 1%); otherwise the trace did not hold it and a note says so.
-    """
+    """Put an analysis into a Report: the module tree, peak tensors, line tables and what
+    they describe. What the peak is made of is settled in one place (tracking/peak.py), from
+    the same analysis when it holds the run's peak."""
     notes = list(analysis.get("notes", []))
     report.modules = analysis["modules"]
     report.extra["peak_tensors"] = analysis["peak_tensors"]
     if analysis["lines"]:
         report.extra["lines"] = analysis["lines"]
-    cats = analysis["categories"]
     peak = analysis["peak"]["allocated_bytes"]
     report.extra["attribution"] = {
         "detail": detail,
@@ -928,48 +929,23 @@ def apply_to_report(report: Any, analysis: dict[str, Any], detail: str) -> None:
         "peak_bytes": peak,
         "peak_step": analysis["peak"]["step"],
         "peak_phase": analysis["peak"]["phase"],
-        "categories": cats,
+        "categories": analysis["categories"],
         "stats": analysis["stats"],
         "module_steps": analysis.get("module_steps"),
         "module_peak": analysis.get("module_peak"),
     }
-    run_peak = report.peak.allocated_bytes
-    from vramscope.report.model import Categories
+    report.extra["attribution_notes"] = notes + report.extra.get("attribution_notes", [])
 
-    exact = Categories(**cats)
-    if analysis["source"] == "cpu-dispatch":
-        report.categories_at_peak = exact
-        report.unavailable.pop("categories_at_peak.activations", None)
-        report.categories_note = (
-            "tensor bytes at the highest point of the run, from every storage the CPU "
-            "operators made (exact per storage); parameters, buffers, gradients and optimizer "
-            "state by object, the rest by lifetime"
-        )
-    elif run_peak and peak and abs(peak - run_peak) <= 0.01 * run_peak:
-        report.categories_at_peak = exact
-        for rec in report.reconciliation:
-            if rec.moment == "peak":
-                rec.tensors = exact
-        report.categories_note = (
-            "exact at the peak, from the allocator's trace: parameters, buffers, gradients and "
-            "optimizer state by object; activations (made in a forward, alive when its backward "
-            "began), temporaries and other by lifetime"
-        )
-    elif run_peak and peak and analysis.get("trace_windows") is not None:
-        # the trace ran in the marked steps only: the run's peak was in another step
-        marked = {k: analysis["peak"][k] for k in ("allocated_bytes", "step", "phase")}
-        attribution = report.extra["attribution"]
+
+def unmarked_peak_note(report: Any, analysis: dict[str, Any]) -> str:
+    """The trace holds another highest point than the run's peak (its step ran without
+    markers): say what the module tables describe, in ``extra.attribution`` and in words."""
+    run_peak = report.peak.allocated_bytes
+    marked = {k: analysis["peak"][k] for k in ("allocated_bytes", "step", "phase")}
+    attribution = report.extra.get("attribution")
+    if attribution is not None:
         attribution["module_peak"] = marked
-        step = report.peak.step
-        attribution.update(peak_bytes=run_peak, peak_step=step, peak_phase=report.peak.phase)
-        notes.append(
-            _unmarked_peak_note(step, run_peak, marked) + "; the categories above are the "
-            "default split (the allocator's trace runs in the marked steps only)"
+        attribution.update(
+            peak_bytes=run_peak, peak_step=report.peak.step, peak_phase=report.peak.phase
         )
-    elif run_peak and peak:
-        notes.append(
-            f"the allocator trace peaks at {peak} bytes, the run at {run_peak}: the trace did "
-            "not hold the run's peak, so the categories above are the default split; modules "
-            "and peak tensors describe the highest point the trace holds"
-        )
-    report.extra["attribution_notes"] = notes
+    return _unmarked_peak_note(report.peak.step, run_peak, marked)

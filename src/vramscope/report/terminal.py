@@ -85,7 +85,9 @@ def _peak_table(report: Report) -> RenderableType:
     rank = job.get("heaviest_rank", job.get("rank"))
     if report.ranks and rank is not None:  # the heaviest rank's peak tops a job's report
         title = f"Peak of rank {_s(rank)} (max over every step, the first included)"
-    where = f"step {p.step}, {p.phase}" if p.step is not None else ""
+    where = ""
+    if p.step is not None:  # a peak in steps that read no phase has no phase
+        where = f"step {p.step}, {p.phase}" if p.phase else f"step {p.step} (phase not read)"
     cells = [
         ("allocated", b(p.allocated_bytes)),
         ("reserved", b(p.reserved_bytes)),

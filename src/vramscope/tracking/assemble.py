@@ -1,4 +1,6 @@
-"""Turn a stopped Session's records into a Report (plain data; findings added last)."""
+"""Turn a stopped Session's records into a Report (plain data): the peak, steps, phases,
+timeline and reconciliation; what the peak is made of is settled after (tracking/peak.py),
+then the findings."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import torch
 
 from vramscope import __version__
 from vramscope.report.aggregate import epochs_of, phase_key, phases_of
-from vramscope.report.findings import add_findings
 from vramscope.report.model import (
     AllocatorSlack,
     Categories,
@@ -76,8 +77,6 @@ def assemble_report(session: Session) -> Report:
     )
 
     # ---- reconciliation and device used -------------------------------------------------------
-    seen = final.get("objects_seen") or objects
-    full_gradients = max(final.get("full_gradients", 0), final.get("full_gradients_seen", 0))
     if cuda and reading is not None:
         end = _reconcile_end(session, reading, objects, final.get("nvml"))
         pools = final.get("private_pools") or _pools_from_attribution(session)
@@ -96,27 +95,9 @@ def assemble_report(session: Session) -> Report:
             peak.device_used_bytes = max(used_samples)
         else:
             report.unavailable["peak.device_used_bytes"] = end.note or "NVML is not available"
-        if peak.allocated_bytes is not None:
-            cats = _categories_at_peak(session, report, seen, full_gradients)
-            report.categories_at_peak = cats
-            report.reconciliation.insert(0, _reconcile_peak(session, report, cats, end))
+        if peak.allocated_bytes is not None:  # its tensors: settled with the categories
+            report.reconciliation.insert(0, _reconcile_peak(session, report, end))
     else:
-        cats = Categories()
-        if seen is not None:
-            cats.parameters = seen.parameters
-            cats.buffers = seen.buffers
-            cats.gradients = (
-                max(seen.gradients, full_gradients)
-                if any(s.backwards for s in session._steps)
-                else seen.gradients
-            )
-            cats.optimizer_state = seen.optimizer_state
-        report.categories_at_peak = cats
-        report.categories_note = (
-            "on the CPU, parameters, buffers, gradients and optimizer state are exact from the "
-            "objects; activations and temporaries need a CUDA device (allocator counters)"
-        )
-        report.unavailable["categories_at_peak.activations"] = CPU_REASON
         report.unavailable["reconciliation"] = CPU_REASON
 
     if session._oom is not None:
@@ -141,7 +122,6 @@ def assemble_report(session: Session) -> Report:
             "segments": reading.segments,
             "config": _allocator_config(),
         }
-    add_findings(report)
     return report
 
 
@@ -295,65 +275,6 @@ def _timeline(session: Session, samples: list[tuple]) -> Timeline:
     )
 
 
-def _categories_at_peak(
-    session: Session, report: Report, objects: Any, full_gradients: int
-) -> Categories:
-    """Split the peak into categories: objects exact, the rest from phase-boundary counters."""
-    step_index, phase_name = session._peak_where
-    record = session._peak_record
-    peak = report.peak.allocated_bytes or 0
-    params, buffers = objects.parameters, objects.buffers
-    opt_full = objects.optimizer_state
-    first_optimizer_step = min(
-        (s.index for s in report.steps for p in s.phases if p.name == "optimizer"), default=None
-    )
-    opt_state = opt_full
-    if (
-        first_optimizer_step is None
-        or step_index is None
-        or step_index < first_optimizer_step
-        or (step_index == first_optimizer_step and phase_name != "optimizer")
-    ):
-        opt_state = 0
-    grads_live = bool(record and record.grads_live_at_start)
-    if phase_name in ("backward", "optimizer"):
-        grads = full_gradients
-    elif phase_name == "forward":
-        grads = full_gradients if grads_live or (record and record.backwards > 1) else 0
-    else:
-        grads = objects.gradients if grads_live else 0
-    baseline = session._first_reading.allocated_bytes if session._first_reading else 0
-    other = max(0, baseline - params - buffers)
-    activations = 0
-    if record is not None:
-        backward = record.phases.get("backward")
-        if backward is not None and backward.start_allocated_bytes is not None:
-            held = params + buffers + other + (grads if grads_live else 0)
-            held += opt_state if phase_name != "optimizer" else opt_full
-            activations = max(0, backward.start_allocated_bytes - held)
-    if phase_name in ("optimizer", "zero_grad", "data", "other"):
-        activations = 0
-    fixed = params + buffers + grads + opt_state + other
-    if fixed + activations > peak:
-        activations = max(0, peak - fixed)
-    temporaries = max(0, peak - fixed - activations)
-    report.categories_note = (
-        "parameters, buffers, gradients and optimizer state are exact from the model and "
-        "optimizer objects; activations (saved for backward, measured where backward begins) "
-        "and temporaries (the rest of the peak) come from allocator counters at phase "
-        f"boundaries; the peak is in the {phase_name} phase of step {step_index}"
-    )
-    return Categories(
-        parameters=params,
-        buffers=buffers,
-        gradients=grads,
-        optimizer_state=opt_state,
-        activations=activations,
-        temporaries=temporaries,
-        other=other,
-    )
-
-
 def _reconcile_end(
     session: Session, reading: Any, objects: Any, nvml_final: dict[str, Any] | None
 ) -> Reconciliation:
@@ -410,9 +331,7 @@ def _reconcile_end(
     return rec
 
 
-def _reconcile_peak(
-    session: Session, report: Report, cats: Categories, end: Reconciliation
-) -> Reconciliation:
+def _reconcile_peak(session: Session, report: Report, end: Reconciliation) -> Reconciliation:
     close = session._peak_close
     peak = report.peak
     slack_total = (peak.reserved_bytes or 0) - (peak.allocated_bytes or 0)
@@ -422,7 +341,6 @@ def _reconcile_peak(
         rounding = max(0, close.allocated_bytes - close.requested_bytes)
     rec = Reconciliation(
         moment="peak",
-        tensors=cats,
         requested_bytes=(peak.allocated_bytes - rounding) if rounding is not None else None,
         allocated_bytes=peak.allocated_bytes,
         slack=AllocatorSlack(

@@ -12,9 +12,14 @@ session: the allocator keeps it per thread, and a thread keeps a previous sessio
 each trace entry says exactly which markers came before it (without that API, markers are
 placed by time). On the CPU a
 dispatch mode records each new storage and a weak reference records its free, into the
-same list as the markers. After the run, :meth:`Recorder.event_log` builds one
-:class:`~vramscope.tracking.events.EventLog` either way; the analysis is
-:mod:`vramscope.report.modules`.
+same list as the markers. At the moments the session counts the objects' bytes (a model
+found, a new optimizer's first steps, the end), and at each recorded optimizer step for the
+gradients, a census puts the addresses of the storages the objects hold into the same list:
+the analysis classifies blocks by them. With the default detail, on CUDA, a recorder without
+module markers traces the first steps and a step after each new peak: what the peak is made
+of comes from the same analysis (:mod:`vramscope.tracking.peak`). After the run,
+:meth:`Recorder.event_log` builds one :class:`~vramscope.tracking.events.EventLog` either
+way; the analysis is :mod:`vramscope.report.modules`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vramscope.tracking.categories import block_bytes
+from vramscope.tracking.categories import OBJECT_CATEGORIES, local_tensor, object_tensors
 from vramscope.tracking.events import (
     ALLOC,
     BACKWARD,
@@ -41,7 +46,6 @@ from vramscope.tracking.events import (
     PHASE,
     STEP,
     EventLog,
-    merge_allocator_trace,
     merge_trace_windows,
     trim_records,
 )
@@ -54,7 +58,6 @@ MAX_RECORDS = int(os.environ.get("VRAMSCOPE_MAX_RECORDS", "3000000"))
 # H200: +21.9% on resnet50-bf16-mixed): recorded only for `lines`, or with VRAMSCOPE_STACKS=1
 STACKS_ALWAYS = os.environ.get("VRAMSCOPE_STACKS", "") not in ("", "0")
 BACKWARD_HOOK_DEPTH = 8  # modules nested deeper get no backward marker of their own
-MAX_GRAD_CENSUSES = 64
 # frames in these folders are never "the line that created a tensor": torch's and our own
 _OWN = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 _LIBRARY_DIRS = (
@@ -129,8 +132,10 @@ class Recorder:
     ) -> None:
         self.device_type = device_type
         # modules nested deeper than this place no markers: what they allocate counts to
-        # their ancestor at this depth (None: every module is marked)
+        # their ancestor at this depth (None: every module is marked; -1: none, the default
+        # detail's recording of what the peak is made of)
         self.marker_depth = marker_depth
+        self.markers = marker_depth is None or marker_depth >= 0
         # which steps place module markers (see tracking/marking.py); phases and steps are
         # recorded in every step, the allocator's trace on CUDA in the marked ones
         self.schedule = MarkerSchedule(module_steps)
@@ -154,15 +159,12 @@ class Recorder:
         self._names: dict[int, tuple[int, str]] = {}  # module -> (root, dotted name)
         self._roots: list[int] = []
         self.stack: list[int] = []
-        self._handles: list[Any] = []
-        self._node_handles: list[Any] = []
+        self._node_handles: list[Any] = []  # hooks on autograd nodes (backward markers)
         self._backward_hooks: dict[int, Callable[[Any], None]] = {}
         self._censuses: list[list[list[Any]]] = []
-        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self._grad_censuses = 0
+        # the session's optimizers when it stops (the census of what is left)
+        self.optimizers: list[torch.optim.Optimizer] = []
         self._state_counts: dict[int, int] = {}
-        self._state_census: dict[int, list[list[Any]]] = {}  # id(optimizer) -> its last
-        self._optimizer_steps = 0
         self._param_names: dict[int, tuple[int, str]] | None = None
         self._step_starts: list[int] = []
         self._dropped_steps = 0
@@ -199,19 +201,13 @@ class Recorder:
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> Recorder:
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
-
         from vramscope.tracking import hooks
 
         self.active = True
         try:
-            hooks.add_listener(self)
-            self._listening = True
-            self._handles.append(register_optimizer_step_pre_hook(self._optimizer_pre))
-            self._handles.append(register_optimizer_step_post_hook(self._optimizer_post))
+            if self.markers:
+                hooks.add_listener(self)
+                self._listening = True
             if self.device_type == "cpu":
                 self._mode = _StorageTracker(self)
                 self._mode.__enter__()
@@ -260,10 +256,9 @@ class Recorder:
 
             hooks.remove_listener(self)
             self._listening = False
-        for handle in self._handles + self._node_handles:
+        for handle in self._node_handles:
             with contextlib.suppress(Exception):
                 handle.remove()
-        self._handles.clear()
         self._node_handles.clear()
         self.stack.clear()
 
@@ -273,12 +268,33 @@ class Recorder:
             mode.__exit__(None, None, None)
         self._refs.clear()  # no free is recorded after the run
 
+    @property
+    def tracing(self) -> bool:
+        """Whether the allocator's trace was started (it ends with a snapshot)."""
+        return self.active and self._cuda_on
+
+    @property
+    def recording(self) -> bool:
+        """Whether allocations are recorded now (on CUDA with markers on a schedule, only in
+        the marked steps: each runs in a window of the allocator's trace)."""
+        return self.device_type != "cuda" or not self._windowed or self._history_on
+
     # ---- CUDA source ----------------------------------------------------------------------------
     def maybe_start_cuda(self) -> None:
         """Start the allocator's trace once the process has a CUDA context (never create one)."""
         if self._cuda_on or self.device_type != "cuda" or not self.active:
             return
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return
+        enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+        if not self.markers and (
+            (enabled is not None and enabled())
+            or getattr(torch._C, "_cuda_setMemoryMetadata", None) is None
+        ):
+            # the default detail leaves the program's own recording of the allocator alone,
+            # and traces only where markers can bound its steps (the peak is then split at
+            # phase boundaries)
+            self.active = False
             return
         if self.device_index is None:
             self.device_index = torch.cuda.current_device()
@@ -370,6 +386,10 @@ class Recorder:
 
     def _resume_history(self) -> None:
         if self._windowed and self._cuda_on and not self._history_on:
+            enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+            if not self.markers and enabled is not None and enabled():
+                self._cuda_on = False  # the program records it now: leave it alone
+                return
             try:
                 self._start_history()
             except Exception as exc:  # never the user's run: no trace from here on
@@ -395,12 +415,9 @@ class Recorder:
             if self._set_meta is None:
                 self._probe()
             torch.cuda.synchronize(self.device_index)
-            if self._windows or self._windowed:
-                if not self._history_on:  # the end state: an empty last window
-                    self._start_history()
-                self._raw_snapshot = self._end_window(None)
-            else:
-                self._raw_snapshot = torch.cuda.memory._snapshot()
+            if not self._history_on:  # the end state: an empty last window
+                self._start_history()
+            self._raw_snapshot = self._end_window(None)  # a trace in one piece: one window
         finally:
             self._cuda_on = False
             self._history_on = False
@@ -497,12 +514,8 @@ class Recorder:
                     "and torch.compile runs code eagerly while one is active: the compiled "
                     "model ran uncompiled in this run (on CUDA it stays compiled)"
                 )
-        for name, module in root.named_modules():
-            index = self.module_index(module)
-            if compiled and name.startswith("_orig_mod."):
-                name = name[len("_orig_mod.") :]  # the model's own names
-            if index not in self._names:
-                self._names[index] = (root_index, name)
+        for name, module in _named_modules(root):  # a compiled model's own names
+            self._names.setdefault(self.module_index(module), (root_index, name))
 
     def module_index(self, module: torch.nn.Module) -> int:
         index = self._index.get(id(module))
@@ -580,14 +593,18 @@ class Recorder:
         if index in self._roots:
             return
         self._roots.append(index)
+        self._param_names = None
         if index not in self._names:
             self._name_tree(module, index)
         if self.device_type == "cuda":
             self.maybe_start_cuda()
-            return
-        for t in list(module.parameters()) + list(module.buffers()):
-            if t.device.type == "cpu":
-                self._adopt(t)
+        else:
+            for t in list(module.parameters()) + list(module.buffers()):
+                if t.device.type == "cpu":
+                    self._adopt(t)
+        # its parameters and buffers by their storages, while it lives: a model made at the
+        # top level of a script is gone by the end (runpy clears the script's namespace)
+        self.census([module], [], ("parameters", "buffers"))
 
     # ---- phases, steps, optimizer ---------------------------------------------------------------------
     def on_phase(self, name: str) -> None:
@@ -595,16 +612,20 @@ class Recorder:
             return
         if self.device_type == "cuda" and not self._cuda_on:
             self.maybe_start_cuda()
+        elif not self.markers and not self.recording:  # the default detail, a step not traced
+            self.phase = name
+            return
         self.phase = name
         self.mark([PHASE, name])
 
-    def on_step(self, index: int) -> None:
+    def on_step(self, index: int, reads: bool = True) -> None:
+        """Step ``index`` begins; ``reads``: whether it reads its phases (only such a step
+        is marked)."""
         if not self.active:
             return
         if len(self._node_handles) > 4096:  # hooks of graphs long gone: keep the newest
             del self._node_handles[:-4096]
-        self._step_starts.append(len(self.log))
-        marking = self.schedule.begin(index)
+        marking = self.schedule.begin(index, reads)
         if marking != self.marking:
             self._set_marking(marking)
         if self._windowed:
@@ -612,6 +633,9 @@ class Recorder:
                 self._resume_history()
             else:
                 self._pause_history()
+        if not self.markers and not self.recording and self._cuda_on:
+            return  # the default detail, a step not traced: nothing to keep, however long the run
+        self._step_starts.append(len(self.log))
         self.mark([STEP, index])
         if len(self.log) > MAX_RECORDS:
             self._trim()
@@ -646,79 +670,68 @@ class Recorder:
         if self.active:
             self.mark(record)
 
-    def _param_map(self) -> dict[int, tuple[int, str]]:
-        """id(parameter) -> (owning module, dotted name), first owner wins (tied weights)."""
+    def _tensor_names(self) -> dict[int, tuple[int, str]]:
+        """id(parameter or buffer) -> (owning module, dotted name), the first owner wins
+        (tied weights); made again when a new model is found."""
         if self._param_names is None:
             names: dict[int, tuple[int, str]] = {}
             for root in self._root_modules():
                 for mod_name, module in root.named_modules():
                     owner = self.module_index(module)
-                    for p_name, p in module.named_parameters(recurse=False):
-                        names.setdefault(id(p), (owner, f"{mod_name}.{p_name}".lstrip(".")))
+                    for kind in (module._parameters, module._buffers):
+                        for t_name, t in kind.items():
+                            if t is not None:
+                                names.setdefault(id(t), (owner, f"{mod_name}.{t_name}".lstrip(".")))
             self._param_names = names
         return self._param_names
 
-    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.active:
+    def census(
+        self,
+        models: list[torch.nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        what: tuple[str, ...] = OBJECT_CATEGORIES,
+    ) -> None:
+        """Label, by address, the storages the objects hold now (the session counts their
+        bytes at the same moments): the analysis classifies every block by them. Only while
+        allocations are recorded (on CUDA, in a window of the allocator's trace)."""
+        if not (self.active and self.recording) or (
+            self.device_type == "cuda" and not self._cuda_on
+        ):
             return
-        self._optimizers.add(optimizer)
-        self._optimizer_steps += 1
-        if not self.marking and self._grad_censuses:
-            return  # a step without markers: the lifetimes say what its gradients are
-        if self._grad_censuses >= MAX_GRAD_CENSUSES and self._optimizer_steps % 64:
-            return
-        self._grad_censuses += 1
-        names = self._param_map()
+        names = self._tensor_names()
         entries: list[list[Any]] = []
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                g = p.grad
-                if g is None or g.device.type != self.device_type or g.is_sparse:
-                    continue
-                owner, name = names.get(id(p), (-1, "?"))
-                entries.append(
-                    [
-                        g.untyped_storage().data_ptr(),
-                        "gradients",
-                        owner,
-                        f"{name}.grad",
-                        _shape(g),
-                        _dtype(g),
-                    ]
-                )
-        self._censuses.append(entries)
-        self.mark([CENSUS, len(self._censuses) - 1])
+        seen: set[int] = set()
+        for t, category, owner_of, key in object_tensors(models, optimizers, what):
+            local = local_tensor(t)
+            if local.device.type != self.device_type or local.layout is not torch.strided:
+                continue
+            try:
+                ptr = local.untyped_storage().data_ptr()
+            except Exception:  # tensor subclasses without a plain storage
+                continue
+            if not ptr or ptr in seen:
+                continue
+            seen.add(ptr)
+            owner, name = names.get(id(t if owner_of is None else owner_of), (-1, "?"))
+            name = f"{name}.{key}" if key else name
+            entries.append([ptr, category, owner, name, _shape(local), _dtype(local)])
+        if entries:
+            self._censuses.append(entries)
+            self.mark([CENSUS, len(self._censuses) - 1])
 
-    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        """Census the optimizer's state when it changes (its first step, mostly)."""
-        if not self.active:
-            return
+    def on_optimizer_start(
+        self, optimizer: torch.optim.Optimizer, models: list[torch.nn.Module]
+    ) -> None:
+        """The gradients as the optimizer step begins: every model's (a GAN's other model
+        keeps gradients its optimizer has not stepped), in each step that is recorded."""
+        self.census(models, [optimizer], ("gradients",))
+
+    def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer's state when it changes (its first step, mostly)."""
         count = len(optimizer.state)
-        if self._state_counts.get(id(optimizer)) == count:
-            return
-        self._state_counts[id(optimizer)] = count
-        names = self._param_map()
-        entries: list[list[Any]] = []
-        for p, state in optimizer.state.items():
-            owner, name = names.get(id(p), (-1, "?"))
-            for key, t in _state_tensors(state):
-                if t.device.type != self.device_type or t.layout is not torch.strided:
-                    continue
-                storage = t.untyped_storage()
-                entries.append(
-                    [
-                        storage.data_ptr(),
-                        "optimizer_state",
-                        owner,
-                        f"{name}.{key}",
-                        _shape(t),
-                        _dtype(t),
-                        block_bytes(storage.nbytes(), self.device_type),
-                    ]
-                )
-        self._state_census[id(optimizer)] = entries
-        self._censuses.append(entries)
-        self.mark([CENSUS, len(self._censuses) - 1])
+        if self._state_counts.get(id(optimizer)) != count:
+            self._state_counts[id(optimizer)] = count
+            self.census([], [optimizer], ("optimizer_state",))
 
     # ---- the end of the run ------------------------------------------------------------------------
     def _root_modules(self) -> list[torch.nn.Module]:
@@ -736,35 +749,23 @@ class Recorder:
                 for r in self._roots
             ):
                 self._roots.append(index)
-
-    def add_optimizers(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
-        for opt in optimizers:
-            self._optimizers.add(opt)
+                self._param_names = None
 
     def _final_census(self) -> None:
-        """Names and owners of every parameter, buffer, gradient and optimizer state left."""
-        device_type = self.device_type
-        table: list[dict[str, Any]] = []
-        owner_of: dict[int, int] = {}
-        named: dict[int, str] = {}
+        """The module table (names, classes, nesting) and the storages every object left
+        holds; what each module holds at the peak comes from the labelled blocks."""
         roots = self._root_modules()
         for root in roots:
             root_index = self.module_index(root)
             if root_index not in self._names:
                 self._name_tree(root, root_index)
-        claimed: set[int] = set()
-        for index, (root_index, name) in self._names.items():
-            claimed.add(index)
-            named[index] = name
-            owner_of[index] = root_index
-        for index in range(len(self.modules)):
-            if index not in claimed:  # seen in a forward, under no root
-                named.setdefault(index, "")
-                owner_of.setdefault(index, index)
+        named = {index: name for index, (_root, name) in self._names.items()}
+        owner_of = {index: root for index, (root, _name) in self._names.items()}
         by_name = {(owner_of[i], named[i]): i for i in named}
+        table: list[dict[str, Any]] = []
         for index, ref in enumerate(self.modules):
             module = ref()
-            name = named.get(index, "")
+            name = named.get(index, "")  # "": a root, or seen in a forward under no root
             root = owner_of.get(index, index)
             parent = -1
             if name:
@@ -776,89 +777,11 @@ class Recorder:
                     "root": root,
                     "parent": parent,
                     "depth": name.count(".") + 1 if name else 0,
-                    "parameters_bytes": 0,
-                    "buffers_bytes": 0,
-                    "gradients_bytes": 0,
-                    "optimizer_state_bytes": 0,
-                    "trainable": False,
                     "code": self._codes[index] if index < len(self._codes) else None,
                 }
             )
-
-        seen: set[int] = set()
-        entries: list[list[Any]] = []
-
-        def add(t: torch.Tensor | None, category: str, owner: int, name: str) -> None:
-            if t is None or t.device.type != device_type or t.layout is not torch.strided:
-                return
-            with contextlib.suppress(Exception):
-                storage = t.untyped_storage()
-                ptr = storage.data_ptr()
-                if ptr == 0 or ptr in seen:
-                    return
-                seen.add(ptr)
-                entries.append([ptr, category, owner, name, _shape(t), _dtype(t)])
-                if 0 <= owner < len(table):
-                    table[owner][f"{category}_bytes"] += block_bytes(storage.nbytes(), device_type)
-
-        params: list[tuple[torch.nn.Parameter, int, str]] = []
-        param_ids: dict[int, tuple[int, str]] = {}
-        for root in roots:
-            for mod_name, module in root.named_modules():
-                owner = self.module_index(module)
-                for p_name, p in module.named_parameters(recurse=False):
-                    if id(p) in param_ids:
-                        continue
-                    full = f"{mod_name}.{p_name}".lstrip(".")
-                    param_ids[id(p)] = (owner, full)
-                    params.append((p, owner, full))
-                    if p.requires_grad and 0 <= owner < len(table):
-                        table[owner]["trainable"] = True
-        for opt in list(self._optimizers):
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    if id(p) not in param_ids:
-                        param_ids[id(p)] = (-1, "?")
-                        params.append((p, -1, "?"))
-        for p, owner, name in params:
-            add(p, "parameters", owner, name)
-        for root in roots:
-            for mod_name, module in root.named_modules():
-                owner = self.module_index(module)
-                for b_name, b in module.named_buffers(recurse=False):
-                    add(b, "buffers", owner, f"{mod_name}.{b_name}".lstrip("."))
-        grads_now: dict[int, int] = {}
-        for p, owner, name in params:
-            if p.grad is not None:
-                before = len(entries)
-                add(p.grad, "gradients", owner, f"{name}.grad")
-                if len(entries) > before:
-                    grads_now[owner] = 1
-        if not grads_now:  # set_to_none: the last optimizer-step census says what they were
-            last = next((c for c in reversed(self._censuses) if c and c[0][1] == "gradients"), None)
-            for _ptr, _cat, owner, _name, shape, dtype in (e[:6] for e in last or []):
-                if 0 <= owner < len(table):
-                    numel = 1
-                    for d in shape:
-                        numel *= d
-                    size = numel * getattr(torch, dtype).itemsize
-                    table[owner]["gradients_bytes"] += block_bytes(size, device_type)
-        alive = {id(opt) for opt in self._optimizers}
-        for opt in list(self._optimizers):
-            for p, state in opt.state.items():
-                owner, name = param_ids.get(id(p), (-1, "?"))
-                for key, value in _state_tensors(state):
-                    add(value, "optimizer_state", owner, f"{name}.{key}")
-        for key, state_entries in self._state_census.items():
-            if key in alive:
-                continue
-            for entry in state_entries:  # an optimizer gone before the end: its last census
-                owner = entry[2]
-                if 0 <= owner < len(table):
-                    table[owner]["optimizer_state_bytes"] += entry[6]
-        self._censuses.append(entries)
-        self.mark([CENSUS, len(self._censuses) - 1])
         self._module_table = table
+        self.census(roots, self.optimizers)
 
     # ---- the event log -------------------------------------------------------------------------------
     def event_log(self) -> EventLog:
@@ -895,58 +818,22 @@ class Recorder:
         return log
 
     def _merge_cuda(self, log: EventLog) -> None:
-        snapshot = self._raw_snapshot
-        if snapshot is None:
+        """The windows of the allocator's trace (one, when it ran in every step) joined
+        with the markers."""
+        if self._raw_snapshot is None or not self._windows:
             log.records = list(self.log)
             log.notes.append(
                 "no allocator trace: CUDA was never initialized while tracking, "
                 "so allocations could not be attributed"
             )
             return
-        if self._windows:
-            self._merge_windows(log)
-            return
-        index = self.device_index or 0
-        traces = snapshot.get("device_traces") or []
-        trace = traces[index] if index < len(traces) else []
-        active, segments = _allocated_and_segments(snapshot, index)
-        times = self._marker_times_on_trace(trace)
-        records, baseline, frames, info = merge_allocator_trace(
-            trace,
-            active,
-            self.log,
-            marker_base=self.base,
-            marker_times_us=times,
-            library_dirs=_LIBRARY_DIRS,
-            segment_spans=segments,
-            metadata_prefix=self._meta_prefix if self._set_meta is not None else "",
-        )
-        log.records, log.baseline, log.frames = records, baseline, frames
-        log.meta["block_sizes"] = "allocator"
-        log.meta["segments"] = segments
-        log.meta["stacks"] = self.stacks
-        info["max_entries"] = MAX_TRACE_ENTRIES
-        info["overflowed"] = len(trace) >= MAX_TRACE_ENTRIES
-        log.meta["trace"] = info
-        if info["overflowed"]:
-            log.notes.append(
-                f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events and filled up: "
-                "allocations before its window count as live before it; raise "
-                "VRAMSCOPE_TRACE_ENTRIES to see more"
-            )
-        if info["join"] != "metadata":
-            log.notes.append(
-                "this torch has no allocator user metadata: markers were placed on the trace "
-                "by time, which can misplace allocations made within a microsecond of a marker"
-            )
-
-    def _merge_windows(self, log: EventLog) -> None:
         records, baseline, frames, info = merge_trace_windows(
             self._windows,
             self.log,
             marker_base=self.base,
+            marker_times_us=self._marker_times_on_trace(self._windows[-1]["trace"]),
             library_dirs=_LIBRARY_DIRS,
-            metadata_prefix=self._meta_prefix,
+            metadata_prefix=self._meta_prefix if self._set_meta is not None else "",
         )
         log.records, log.baseline, log.frames = records, baseline, frames
         log.meta["block_sizes"] = "allocator"
@@ -956,17 +843,21 @@ class Recorder:
         info["dropped_windows"] = self._dropped_windows
         info["overflowed"] = any(len(w["trace"]) >= MAX_TRACE_ENTRIES for w in self._windows)
         log.meta["trace"] = info
+        bound = f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events"
         if self._dropped_windows:
             log.notes.append(
-                f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events: the "
-                f"{self._dropped_windows} oldest windows of marked steps were dropped; raise "
-                "VRAMSCOPE_TRACE_ENTRIES to keep more"
+                f"{bound}: the {self._dropped_windows} oldest windows of marked steps were "
+                "dropped; raise VRAMSCOPE_TRACE_ENTRIES to keep more"
             )
         elif info["overflowed"]:
             log.notes.append(
-                f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events and filled up: "
-                "allocations before its window count as live before it; raise "
-                "VRAMSCOPE_TRACE_ENTRIES to see more"
+                f"{bound} and filled up: allocations before its window count as live before "
+                "it; raise VRAMSCOPE_TRACE_ENTRIES to see more"
+            )
+        if info["join"] not in ("metadata", "end"):
+            log.notes.append(
+                "this torch has no allocator user metadata: markers were placed on the trace "
+                "by time, which can misplace allocations made within a microsecond of a marker"
             )
 
     def _marker_times_on_trace(self, trace: list[dict[str, Any]]) -> list[float] | None:
@@ -1038,17 +929,6 @@ def _contains(root: torch.nn.Module | None, module: torch.nn.Module) -> bool:
     return any(m is module for m in root.modules())
 
 
-def _state_tensors(state: Any, prefix: str = "") -> Iterable[tuple[str, torch.Tensor]]:
-    if isinstance(state, torch.Tensor):
-        yield prefix or "state", state
-    elif isinstance(state, dict):
-        for key, value in state.items():
-            yield from _state_tensors(value, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(state, (list, tuple)):
-        for i, value in enumerate(state):
-            yield from _state_tensors(value, f"{prefix}.{i}" if prefix else str(i))
-
-
 # ---- the Session's side: a few calls, so session.py stays small ---------------------------------
 
 
@@ -1071,26 +951,27 @@ def _device_for(session: Any) -> tuple[str, int | None]:
 
 
 def start_recorder(session: Any) -> Recorder | None:
-    """Start recording for a Session (its ``detail`` says modules or lines)."""
+    """Start recording for a Session: its ``detail`` says modules or lines; with the default
+    detail on CUDA, the allocator's trace of the first steps and of the steps that repeat a
+    new peak, with no module markers (what the peak is made of); None on the CPU then."""
     device_type, index = _device_for(session)
     options = session._attribution_options
+    snapshot = bool(options.get("snapshot"))
+    if session.detail == "default" and not snapshot and device_type != "cuda":
+        return None
+    module_steps, marker_depth = "all", None  # lines and snapshots label every step
+    if session.detail == "default" and not snapshot:
+        module_steps, marker_depth = "first", -1
+    elif session.detail == "modules" and not snapshot:
+        module_steps, marker_depth = options.get("module_steps", "auto"), options.get("depth")
     recorder = Recorder(
         device_type,
         index,
         lines=session.detail == "lines",
         line_targets=options.get("lines_of") or (),
-        stacks=session.detail == "lines" or bool(options.get("snapshot")) or STACKS_ALWAYS,
-        # lines and snapshots label every step; modules mark the steps the schedule picks
-        module_steps=(
-            options.get("module_steps", "auto")
-            if session.detail == "modules" and not options.get("snapshot")
-            else "all"
-        ),
-        marker_depth=(
-            options.get("depth")
-            if session.detail == "modules" and not options.get("snapshot")
-            else None
-        ),
+        stacks=session.detail == "lines" or snapshot or STACKS_ALWAYS,
+        module_steps=module_steps,
+        marker_depth=marker_depth,
     )
     try:
         recorder.start()  # undoes itself when it fails
@@ -1113,12 +994,14 @@ def stop_recorder(session: Any) -> None:
     recorder: Recorder = session._attribution
     with contextlib.suppress(Exception):
         recorder.add_models(list(session._models))
-        recorder.add_optimizers(list(session._optimizers))
+        recorder.optimizers = list(session._optimizers)
     recorder.stop()
 
 
-def attach_attribution(session: Any, report: Any) -> None:
-    """Analyse what was recorded into ``report``; write the snapshot when one was asked for."""
+def attach_attribution(session: Any, report: Any) -> dict[str, Any] | None:
+    """Analyse what was recorded: with markers, into ``report`` (the module tree, peak
+    tensors, lines; the snapshot when one was asked for); returns the analysis, from which
+    the categories at the peak are settled (None when nothing could be analysed)."""
     from vramscope.report.modules import analyze, apply_to_report
 
     recorder: Recorder = session._attribution
@@ -1126,14 +1009,17 @@ def attach_attribution(session: Any, report: Any) -> None:
     try:
         log = recorder.event_log()
         analysis = analyze(log, depth=options["depth"], labels=bool(options.get("snapshot")))
-        apply_to_report(report, analysis, session.detail)
+        if recorder.markers:
+            apply_to_report(report, analysis, session.detail)
         if options.get("snapshot"):
             path = write_attribution_snapshot(recorder, log, analysis["block_labels"], options)
             report.extra["snapshot"] = str(path)
+        return analysis
     except Exception as exc:  # attribution must never cost the user the report
         report.extra.setdefault("attribution_notes", []).append(
             f"attribution failed: {type(exc).__name__}: {exc}"
         )
+        return None
 
 
 def write_attribution_snapshot(

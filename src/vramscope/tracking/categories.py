@@ -7,7 +7,7 @@ keeps a reference to a tensor after it returns.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +91,65 @@ def full_gradient_bytes(models: Iterable[torch.nn.Module], device_type: str) -> 
     return total
 
 
+OBJECT_CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state")
+
+
+def object_tensors(
+    models: Iterable[torch.nn.Module],
+    optimizers: Iterable[torch.optim.Optimizer],
+    what: Collection[str] = OBJECT_CATEGORIES,
+) -> Iterator[tuple[torch.Tensor, str, torch.Tensor | None, str]]:
+    """Every tensor the models and optimizers hold: ``(tensor, category, parameter, key)``,
+    parameters first, then buffers, gradients and optimizer state (a storage belongs to the
+    first category that holds it; ``what``: only these). ``parameter`` is the one a gradient
+    or a state belongs to (None for buffers), ``key`` the state's name (``exp_avg``). The one
+    walk over the objects: their bytes (:func:`object_categories`) and their storages by
+    address (the attribution's census) both come from it."""
+    params: list[torch.Tensor] = []
+    if "parameters" in what or "gradients" in what:
+        for model in models:
+            params.extend(model.parameters())
+        for opt in optimizers:
+            for group in opt.param_groups:
+                params.extend(group["params"])
+    if "parameters" in what:
+        for p in params:
+            yield p, "parameters", p, ""
+    if "buffers" in what:
+        for model in models:
+            for b in model.buffers():
+                yield b, "buffers", None, ""
+    if "gradients" in what:
+        for p in params:
+            if p.grad is not None:
+                yield p.grad, "gradients", p, "grad"
+    if "optimizer_state" in what:
+        for opt in optimizers:
+            for p, state in opt.state.items():
+                for key, t in _named_tensors(state):
+                    yield t, "optimizer_state", p, key
+
+
+def _named_tensors(value: object, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        yield prefix or "state", value
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            yield from _named_tensors(v, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _named_tensors(v, f"{prefix}.{i}" if prefix else str(i))
+
+
+def storage_of(tensor: torch.Tensor | None, device_type: str) -> tuple[int, int] | None:
+    """``(address, allocator bytes)`` of the storage behind ``tensor`` on ``device_type``."""
+    storage = _storage_on(tensor, device_type)
+    if storage is None:
+        return None
+    ptr = storage.data_ptr()
+    return (ptr, block_bytes(storage.nbytes(), device_type)) if ptr else None
+
+
 def object_categories(
     models: Iterable[torch.nn.Module],
     optimizers: Iterable[torch.optim.Optimizer],
@@ -100,32 +159,62 @@ def object_categories(
     the optimizers' state, each storage counted once, in the first category that holds it."""
     seen: set[int] = set()
     result = ObjectCategories()
-
-    def add(tensor: torch.Tensor | None, field: str) -> None:
-        storage = _storage_on(tensor, device_type)
-        if storage is None:
-            return
-        key = storage.data_ptr()
-        if key == 0 or key in seen:  # fake/meta tensors have no data pointer
-            return
-        seen.add(key)
-        setattr(result, field, getattr(result, field) + block_bytes(storage.nbytes(), device_type))
-
-    params: list[torch.nn.Parameter] = []
-    for model in models:
-        params.extend(model.parameters())
-    for opt in optimizers:
-        for group in opt.param_groups:
-            params.extend(group["params"])
-    for p in params:
-        add(p, "parameters")
-    for model in models:
-        for b in model.buffers():
-            add(b, "buffers")
-    for p in params:
-        add(p.grad, "gradients")
-    for opt in optimizers:
-        for state in opt.state.values():
-            for t in tensors_in(state):
-                add(t, "optimizer_state")
+    for tensor, category, _param, _key in object_tensors(models, optimizers):
+        found = storage_of(tensor, device_type)
+        if found is None or found[0] in seen:  # fake/meta tensors have no data pointer
+            continue
+        seen.add(found[0])
+        setattr(result, category, getattr(result, category) + found[1])
     return result
+
+
+# a new optimizer's state is counted after each of its first steps while it has none (a
+# skipped step, an optimizer without state), then after its 16th, 32nd, ... step
+CENSUS_EVERY_STEP = 8
+
+
+class ObjectLedger:
+    """The objects' bytes on one device, the highest seen over the run: counted when a model
+    or optimizer is first seen, after a new optimizer's first steps and at the end, so that
+    a model gone by the end (it lived in ``main()``), or an optimizer state moved off the
+    device by a trainer's teardown, keeps its bytes."""
+
+    def __init__(self) -> None:
+        self.seen = ObjectCategories()
+        self.full_gradients = 0
+        self._state: dict[int, int] = {}  # id(optimizer) -> its state's bytes
+        self.due = False  # an optimizer whose state is not counted yet
+        self._tries = 0  # its steps that ended while it was due
+
+    def count(
+        self,
+        models: list[torch.nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        device_type: str,
+    ) -> ObjectCategories:
+        """Count now, keep the highest; returns what the objects hold now."""
+        now = object_categories(models, optimizers, device_type)
+        seen = self.seen
+        seen.parameters = max(seen.parameters, now.parameters)
+        seen.buffers = max(seen.buffers, now.buffers)
+        seen.gradients = max(seen.gradients, now.gradients)
+        self.full_gradients = max(self.full_gradients, full_gradient_bytes(models, device_type))
+        for opt in optimizers:
+            state = object_categories([], [opt], device_type).optimizer_state
+            if state:
+                self._state[id(opt)] = max(self._state.get(id(opt), 0), state)
+        seen.optimizer_state = max(seen.optimizer_state, sum(self._state.values()))
+        return now
+
+    def new_optimizer(self) -> None:
+        self.due, self._tries = True, 0
+
+    def step_ended(self, optimizer: torch.optim.Optimizer) -> bool:
+        """A step of an optimizer ended while one was due: whether to count now (and the
+        state exists from then on: nothing is due any more)."""
+        self._tries += 1
+        tries = self._tries
+        if tries <= CENSUS_EVERY_STEP or tries & (tries - 1) == 0:
+            self.due = not optimizer.state
+            return True
+        return False

@@ -286,11 +286,14 @@ def merge_trace_windows(
     markers: list[list[Any]],
     *,
     marker_base: int = 0,
+    marker_times_us: list[float] | None = None,
     library_dirs: tuple[str, ...] = (),
     metadata_prefix: str = "",
 ) -> tuple[list[list[Any]], list[list[int]], list[list[Any]], dict[str, Any]]:
     """:func:`merge_allocator_trace` for a trace recorded in windows (the steps with module
-    markers), joined into one record list.
+    markers; a trace in one piece is one window), joined into one record list.
+    ``marker_times_us``: the markers' times on the trace's clock, where the trace carries
+    no metadata (one window).
 
     ``windows``: in order, each ``{"first", "last", "trace", "active", "segments"}``: the
     global marker counts when its recording began and ended (``last`` None: at the end), one
@@ -331,6 +334,11 @@ def merge_trace_windows(
             window["active"],
             markers[first - marker_base : max(first, last) - marker_base],
             marker_base=first,
+            marker_times_us=(
+                marker_times_us[first - marker_base : max(first, last) - marker_base]
+                if marker_times_us is not None
+                else None
+            ),
             library_dirs=library_dirs,
             segment_spans=window.get("segments") or (),
             metadata_prefix=metadata_prefix,

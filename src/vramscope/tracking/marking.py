@@ -8,6 +8,7 @@ the same allocations, so the per-module tables need a few of them, not all:
 
 - ``"all"``: every step is marked (as before; also what ``--detail lines`` and snapshots use);
 - an integer N: the first steps, then every N-th;
+- ``"first"``: the first steps only (and the steps asked for, below);
 - ``"auto"`` (the default): the first steps, then steps without and with markers
   alternately until ``CALIBRATION`` of each are timed, then every step while markers add at
   most ``COST_SHARE`` to a step without them, else every N-th step with N chosen so that
@@ -19,8 +20,10 @@ the same allocations, so the per-module tables need a few of them, not all:
 
 Steps without markers are still in every phase peak (those never depend on markers); on
 CUDA the allocator's trace runs only in the marked steps (its entries cost about half a
-microsecond each). The report says which steps carry module markers, and the module
-tables describe the highest point among them.
+microsecond each). When the run's peak rises in a step without markers, the next step that
+reads its phases is marked (:meth:`MarkerSchedule.mark_next`): steps repeat, so the peak
+comes again where the trace sees it. The report says which steps carry module markers, and
+the module tables describe the highest point among them.
 """
 
 from __future__ import annotations
@@ -39,19 +42,21 @@ CALIBRATION = 4  # "auto": steps timed with and without markers before the spaci
 PROBE_EVERY = 16  # "auto" with every step marked: a step without markers this often
 SETTLED = FIRST_STEPS + 2 * CALIBRATION - 1  # "auto": the first step on the settled spacing
 PAIRS = 8  # "auto": marked steps (each against its unmarked neighbours) the cost is read from
-POLICIES = ("auto", "all")
+POLICIES = ("auto", "all", "first")
 
 
-def check_policy(policy: str | int, what: str = "module steps") -> str | int:
-    """``"auto"``, ``"all"`` or a whole number of steps ≥ 1 (also given as text); ``what``
-    names the option in the error."""
+def check_policy(
+    policy: str | int, what: str = "module steps", names: tuple[str, ...] = POLICIES
+) -> str | int:
+    """One of ``names`` or a whole number of steps ≥ 1 (also given as text); ``what`` names
+    the option in the error."""
     if isinstance(policy, str) and policy.strip().isdigit():
         policy = int(policy.strip())
     if isinstance(policy, bool) or not (
-        policy in POLICIES or (isinstance(policy, int) and policy >= 1)
+        policy in names or (isinstance(policy, int) and policy >= 1)
     ):
         raise VramscopeError(
-            f"{what} must be auto, all or a number of steps (1 or more), not {policy!r}"
+            f"{what} must be {', '.join(names)} or a number of steps (1 or more), not {policy!r}"
         )
     return policy
 
@@ -75,15 +80,24 @@ class MarkerSchedule:
         self._since_probe = 0
         self.marked_steps: list[int] = []
         self.unmarked = 0
+        self._asked = False  # mark the next step that may be marked
 
-    def begin(self, index: int) -> bool:
-        """Step ``index`` begins (the previous one ended now): mark it or not."""
+    def mark_next(self) -> None:
+        """Mark the next step (one that reads its phases): the run's peak rose in a step
+        without markers."""
+        self._asked = True
+
+    def begin(self, index: int, allowed: bool = True) -> bool:
+        """Step ``index`` begins (the previous one ended now): mark it or not (never when
+        not ``allowed``: a step that reads no phase)."""
         now = self._clock()
         if self._open is not None:
             start, marked, count = self._open
             if count > 0:  # the first step is warm-up, not the run's step
                 self._record(marked, now - start, count)
-        mark = self._decide()
+        mark = allowed and (self._decide() or self._asked)
+        if mark:
+            self._asked = False
         self._open = (now, mark, self._count)
         self._count += 1
         if mark:
@@ -122,6 +136,8 @@ class MarkerSchedule:
     def _decide(self) -> bool:
         if self.policy == "all" or self._count < FIRST_STEPS:
             return True
+        if self.policy == "first":
+            return False
         if self.policy == "auto":
             if len(self._plain_s) < CALIBRATION or len(self._marked_s) < CALIBRATION:
                 # time steps of the run's own against steps with markers, alternately, so

@@ -43,7 +43,7 @@ SHARES = 8  # "auto": read steps whose cost share decides the spacing
 
 def check_phase_policy(policy: str | int) -> str | int:
     """``"auto"``, ``"all"`` or a whole number of steps ≥ 1 (also given as text)."""
-    return check_policy(policy, "phase steps")
+    return check_policy(policy, "phase steps", ("auto", "all"))
 
 
 class ReadSchedule:

@@ -27,11 +27,11 @@ from vramscope.report.model import PhaseStats, Report
 from vramscope.sources import allocator, nvml
 from vramscope.sources.allocator import LEDGER, AllocatorReading
 from vramscope.sources.host import ProcessTreeRss
-from vramscope.tracking.categories import ObjectCategories
+from vramscope.tracking.categories import ObjectCategories, ObjectLedger
 from vramscope.tracking.hooks import GlobalHooks
 from vramscope.tracking.phase_reads import ReadSchedule, check_phase_policy
 from vramscope.tracking.records import PhaseRecord, StepHistory, StepRecord, add_phase_times
-from vramscope.tracking.sampler import Sample, Sampler
+from vramscope.tracking.sampler import Sample, Sampler, max_known
 
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_PHASE_BANDS = 10_000  # timeline bands and markers kept (the first ones)
@@ -47,7 +47,6 @@ SAMPLE_INTERVAL_S = 0.1  # the timeline's sampler, by default
 # the allocator's reads)
 SPACED_SAMPLE_INTERVAL_S = 0.5
 _grad_enabled = torch.is_grad_enabled  # (read at every model call)
-CENSUS_EVERY_STEP = 8  # optimizer steps counted one by one while a new optimizer has no state
 
 
 # at a phase boundary: (allocated now, peak allocated and peak reserved since the last
@@ -164,11 +163,7 @@ class Session:
         self._peak_where: tuple[int | None, str | None] = (None, None)
         self._peak_requested: int | None = None
         # the objects' bytes, the highest seen (a model gone by the end keeps its bytes)
-        self._objects_seen = ObjectCategories()
-        self._full_gradients_seen = 0
-        self._optimizer_state: dict[int, int] = {}  # id(optimizer) -> its state's bytes
-        self._census_due = False  # an optimizer whose state is not yet counted
-        self._census_tries = 0  # optimizer steps that ended while it was due
+        self._ledger = ObjectLedger()
         # called with (models, device type) each time the objects' bytes are counted, to
         # read more from the models while they live (DDP's gradient buckets, FSDP groups)
         self.object_probes: list[Callable[[list[torch.nn.Module], str], None]] = []
@@ -206,19 +201,22 @@ class Session:
         self._running = True
         LEDGER.install()
         self._ensure_device()
-        if self._device_index is not None:
-            self._first_reading = self._read(reset=True)
+        self._first_reading = None
+        self._read_light(reset=True)  # the first reading
         self._first_reading_rss = self._rss_main.read()
         if self._use_hooks:
             self._hooks = GlobalHooks(self)
             self._hooks.install()
             for model in list(self._models):
                 self._hooks.adopt(model)
-        if self.detail != "default" or self._attribution_options["snapshot"]:  # attribution
-            from vramscope.tracking.attribution import start_recorder
+        from vramscope.tracking.attribution import start_recorder
 
-            self._attribution = start_recorder(self)
-        if self._attribution is None and self._phase_policy != "all":
+        # what the peak is made of comes from the allocator's trace of the steps that hold
+        # it (the default detail traces the first steps, and a step after a new peak)
+        self._attribution = start_recorder(self)
+        if (self._attribution is None or not self._attribution.markers) and (
+            self._phase_policy != "all"
+        ):
             self._phase_reads = ReadSchedule(self._phase_policy)
         if self._use_status:
             self._status = _open_status(self)
@@ -274,8 +272,9 @@ class Session:
 
     def mark_built(self) -> None:
         """Note that the model and optimizer now exist: the startup figures are read here."""
-        if self._running and self._ensure_device():
-            self._first_reading = self._read(reset=True)
+        if self._running:
+            self._first_reading = None
+            self._read_light(reset=True)  # the first reading, now
         self._first_reading_rss = self._rss_main.read()
 
     def watch(self, *objects: torch.nn.Module | torch.optim.Optimizer) -> None:
@@ -293,7 +292,7 @@ class Session:
                     self._count_objects()
             elif isinstance(obj, torch.optim.Optimizer):
                 self._optimizers.add(obj)
-                self._census_due, self._census_tries = True, 0
+                self._ledger.new_optimizer()
 
     def window(self) -> dict[str, int | None]:
         """The peaks since the previous ``window()`` (or the start), for metrics logged per
@@ -376,15 +375,6 @@ class Session:
             self._nvml_device = nvml.device_by_uuid(self._device_uuid)
         return True
 
-    def _read(self, reset: bool) -> AllocatorReading | None:
-        if self._device_index is None and not self._ensure_device():
-            return None
-        stats = LEDGER.read_for_tracking(self._device_index, reset=reset)
-        reading = allocator.reading_from_stats(stats)
-        if self._first_reading is None:
-            self._first_reading = reading
-        return reading
-
     def _read_light(self, reset: bool) -> _Light | None:
         """The three numbers a phase boundary needs (and the stats they came from)."""
         if self._device_index is None and not self._ensure_device():
@@ -424,6 +414,16 @@ class Session:
         return (t - self._t0, allocated, reserved, used, self._rss_sampler.read())
 
     def _tick(self, sample: Sample) -> None:
+        schedule = self._phase_reads
+        if (
+            schedule is not None
+            and not self._step_reads
+            and sample[1] is not None
+            and sample[1] > self._peak_allocated >= 0
+        ):
+            # memory rose above every peak read so far while steps read nothing (a leak, a
+            # longer batch): read every step again, so the steps show where it goes
+            schedule.again()
         if self._status is None:
             return
         step = self._step
@@ -442,27 +442,17 @@ class Session:
             )
 
     # ---- the objects' bytes ------------------------------------------------------------------
-    def _count_objects(self) -> None:
-        """Count the models' and optimizers' bytes now, keeping the highest seen."""
-        from vramscope.tracking.categories import full_gradient_bytes, object_categories
-
+    def _count_objects(self) -> ObjectCategories:
+        """Count the models' and optimizers' bytes now, keeping the highest seen (returns
+        what they hold now); the attribution labels their storages at the same moment."""
         models, optimizers = list(self._models), list(self._optimizers)
-        now = object_categories(models, optimizers, self._device_type)
-        seen = self._objects_seen
-        seen.parameters = max(seen.parameters, now.parameters)
-        seen.buffers = max(seen.buffers, now.buffers)
-        seen.gradients = max(seen.gradients, now.gradients)
-        self._full_gradients_seen = max(
-            self._full_gradients_seen, full_gradient_bytes(models, self._device_type)
-        )
-        for opt in optimizers:
-            state = object_categories([], [opt], self._device_type).optimizer_state
-            if state:
-                self._optimizer_state[id(opt)] = max(self._optimizer_state.get(id(opt), 0), state)
-        seen.optimizer_state = max(seen.optimizer_state, sum(self._optimizer_state.values()))
+        now = self._ledger.count(models, optimizers, self._device_type)
+        if self._attribution is not None:
+            self._attribution.census(models, optimizers)
         for probe in self.object_probes:
             with contextlib.suppress(Exception):
                 probe(models, self._device_type)
+        return now
 
     # ---- phase and step bookkeeping -------------------------------------------------------
     def _transition(self, name: str, new_step: bool = False) -> None:
@@ -654,22 +644,12 @@ class Session:
         stats.count += 1
         stats.duration_s += now - phase.start_s
         if light is not None:
-            allocated, peak_allocated, peak_reserved, raw = light
-            if self._carry_allocated or self._carry_reserved:
-                peak_allocated = max(peak_allocated, self._carry_allocated)
-                peak_reserved = max(peak_reserved, self._carry_reserved)
-                self._carry_allocated = self._carry_reserved = 0
-            if peak_allocated > self._window_allocated:
-                self._window_allocated = peak_allocated
-            if peak_reserved > self._window_reserved:
-                self._window_reserved = peak_reserved
+            peak_allocated, peak_reserved = self._peaks(light)
             if stats.peak_allocated_bytes is None or peak_allocated > stats.peak_allocated_bytes:
                 stats.peak_allocated_bytes = peak_allocated
             if stats.peak_reserved_bytes is None or peak_reserved > stats.peak_reserved_bytes:
                 stats.peak_reserved_bytes = peak_reserved
-            stats.end_allocated_bytes = allocated
-            if peak_reserved > self._peak_reserved:
-                self._peak_reserved = peak_reserved
+            stats.end_allocated_bytes = light[0]
             if peak_allocated > self._peak_allocated or (
                 # the same peak again in the same phase of a later step: the steady state's
                 # (the first step has no optimizer state yet), so categories describe it
@@ -677,34 +657,58 @@ class Session:
                 and step is not self._peak_record
                 and name == self._peak_where[1]
             ):
-                self._peak_allocated = peak_allocated
-                self._peak_close = allocator.reading_from_stats(raw)
-                self._peak_where = (step.index, name)
-                self._peak_record = step
+                self._set_peak(peak_allocated, light[3], step, name)
+
+    def _peaks(self, light: _Light) -> tuple[int, int]:
+        """A read's peaks allocated and reserved, with the open phase's from before a
+        ``window()`` reset the counters; counted into ``window()`` and the run's reserved."""
+        peak_allocated, peak_reserved = light[1], light[2]
+        if self._carry_allocated or self._carry_reserved:
+            peak_allocated = max(peak_allocated, self._carry_allocated)
+            peak_reserved = max(peak_reserved, self._carry_reserved)
+            self._carry_allocated = self._carry_reserved = 0
+        if peak_allocated > self._window_allocated:
+            self._window_allocated = peak_allocated
+        if peak_reserved > self._window_reserved:
+            self._window_reserved = peak_reserved
+        if peak_reserved > self._peak_reserved:
+            self._peak_reserved = peak_reserved
+        return peak_allocated, peak_reserved
+
+    def _set_peak(
+        self, peak: int, raw: dict[str, Any], step: StepRecord | None, name: str | None
+    ) -> None:
+        """The run's peak is ``peak``, in phase ``name`` of ``step`` (None: not read)."""
+        if peak > self._peak_allocated:
+            self._trace_next_step()
+        self._peak_allocated = peak
+        self._peak_close = allocator.reading_from_stats(raw)
+        self._peak_where = (step.index if step is not None else None, name)
+        self._peak_record = step
 
     def _peak_without_phase(self, light: _Light, step: StepRecord | None) -> None:
         """A read whose peak no phase owns: before the first phase (``step`` None), or the
         whole of the unread steps that end with ``step`` (see phase_reads.py)."""
-        _allocated, peak_allocated, peak_reserved, raw = light
-        peak_allocated = max(peak_allocated, self._carry_allocated)
-        peak_reserved = max(peak_reserved, self._carry_reserved)
-        self._carry_allocated = self._carry_reserved = 0
-        self._window_allocated = max(self._window_allocated, peak_allocated)
-        self._window_reserved = max(self._window_reserved, peak_reserved)
-        self._peak_reserved = max(self._peak_reserved, peak_reserved)
+        peak_allocated, peak_reserved = self._peaks(light)
         if step is not None:
             step.unread_peak_allocated = max(step.unread_peak_allocated or 0, peak_allocated)
             step.unread_peak_reserved = max(step.unread_peak_reserved or 0, peak_reserved)
         if peak_allocated > self._peak_allocated:
-            self._peak_allocated = peak_allocated
-            self._peak_close = allocator.reading_from_stats(raw)
-            self._peak_where = (step.index if step is not None else None, None)
-            self._peak_record = step
+            self._set_peak(peak_allocated, light[3], step, None)
             if step is not None:
                 first = self._span_start if self._span_start is not None else step.index
                 self._span_peak = (first, step.index)
                 if self._phase_reads is not None:  # read it phase by phase if it comes again
                     self._phase_reads.again()
+
+    def _trace_next_step(self) -> None:
+        """The run's peak rose where the allocator's trace did not record: trace the next
+        step, which reads its phases (steps repeat: its peak is where the trace sees it)."""
+        attribution = self._attribution
+        if attribution is not None and not attribution.recording:
+            attribution.schedule.mark_next()
+            if self._phase_reads is not None:
+                self._phase_reads.again(1)
 
     def _finish_step(self, now: float, light: _Light | None) -> None:
         step = self._step
@@ -714,19 +718,40 @@ class Session:
         step.end_allocated = light[0] if light is not None else None
         self._step = None
         step.forward_modules.clear()  # needed only while the step is open
+        last = self._steps.last
+        # one read gives the highest point of all the unread steps since the read before:
+        # they all stand in one entry (the one the first of them went into), whatever their
+        # kind, so that every entry's peak is exact for every step it stands for
+        in_span = (
+            not step.reads
+            and last is not None
+            and self._span_start is not None
+            and step.index > self._span_start
+            and (last.last_index if last.last_index is not None else last.index) >= self._span_start
+        )
         if (
             step.forwards == 0
             and step.backwards == 0
             and not step.saw_optimizer
             and step is not self._peak_record
         ):
+            if in_span and step.unread_peak_allocated is not None:  # its read is the span's
+                last.unread_peak_allocated = max_known(  # type: ignore[union-attr]
+                    last.unread_peak_allocated,  # type: ignore[union-attr]
+                    step.unread_peak_allocated,
+                )
+                last.unread_peak_reserved = max_known(  # type: ignore[union-attr]
+                    last.unread_peak_reserved,  # type: ignore[union-attr]
+                    step.unread_peak_reserved,
+                )
             if self._attribution is not None:
                 self._attribution.schedule.forget(step.index)
             if self._phase_reads is not None and self._device_index is not None:
                 self._phase_reads.forget(step.reads)
             return  # only data loading (the loader's last, empty fetch) or nothing
-        last = self._steps.last
-        if not step.reads and last is not None and _same_kind(last, step):
+        if not step.reads and last is not None and (in_span or _same_kind(last, step)):
+            if not _same_kind(last, step) and self._phase_reads is not None:
+                self._phase_reads.again(1)  # another kind: the next entry starts at a read
             self._steps.fold_into_last(step, keep=self._peak_record)
         else:
             if not step.reads:  # of another kind than the entry before: an entry of its own
@@ -760,7 +785,7 @@ class Session:
         )
         self._marker({"kind": "step", "index": index, "t": now - self._t0})
         if self._attribution is not None:  # attribution: a step marker
-            self._attribution.on_step(index)
+            self._attribution.on_step(index, reads)
 
     def _pace_sampler(self) -> None:
         """The sampler's interval by the steps' length: ``SPACED_SAMPLE_INTERVAL_S`` once the
@@ -841,8 +866,9 @@ class Session:
             or (self._phase is None or self._phase.name != "forward")
         ):
             self._transition("forward", new_step=new_step)
-        if self._attribution is not None:  # attribution: mark the model's modules
-            self._attribution.on_root(module)
+        attribution = self._attribution
+        if attribution is not None and (attribution.markers or attribution.recording):
+            attribution.on_root(module)  # attribution: mark the model's modules
         step = self._step
         if step is not None:
             if step.forwards == 0 and step.reads:
@@ -884,25 +910,27 @@ class Session:
         if self._last_optimizer() is not optimizer:
             if optimizer not in self._optimizers:
                 self._optimizers.add(optimizer)
-                self._census_due, self._census_tries = True, 0
+                self._ledger.new_optimizer()
             with contextlib.suppress(TypeError):
                 self._last_optimizer = weakref.ref(optimizer)
         self._transition("optimizer")
+        attribution = self._attribution
+        if attribution is not None and attribution.recording:  # the gradients' storages
+            attribution.on_optimizer_start(optimizer, list(self._models))
 
     def on_optimizer_end(self, optimizer: torch.optim.Optimizer) -> None:
         if self._step is not None:
             self._step.saw_optimizer = True
-        if self._census_due and self._running:
+        attribution = self._attribution
+        if attribution is not None and attribution.recording:  # the state's storages
+            attribution.on_optimizer_end(optimizer)
+        if self._ledger.due and self._running and self._ledger.step_ended(optimizer):
             # a new optimizer's state exists once its first step has ended (not when the
             # optimizer phase closes: a closure's forward and backward run inside the step).
             # Still none: a step skipped (GradScaler's inf checks) or an optimizer without
             # state (SGD without momentum), which would pay a count of every parameter per
             # step; the first steps are counted, then the 16th, 32nd, ... (and the end)
-            self._census_tries += 1
-            tries = self._census_tries
-            if tries <= CENSUS_EVERY_STEP or tries & (tries - 1) == 0:
-                self._census_due = not optimizer.state
-                self._count_objects()
+            self._count_objects()
 
     def on_zero_grad(self) -> None:
         if not self._running:
@@ -947,17 +975,12 @@ class Session:
 
     # ---- results -----------------------------------------------------------------------------
     def _final_readings(self, stats: dict[str, Any] | None) -> dict[str, Any]:
-        from vramscope.tracking.categories import full_gradient_bytes, object_categories
-
         reading = allocator.reading_from_stats(stats) if stats is not None else None
         final: dict[str, Any] = {"reading": reading, "nvml": None}
-        models, optimizers = list(self._models), list(self._optimizers)
-        final["objects"] = object_categories(models, optimizers, self._device_type)
-        final["full_gradients"] = full_gradient_bytes(models, self._device_type)
-        self._count_objects()
-        final["objects_seen"] = self._objects_seen
-        final["full_gradients_seen"] = self._full_gradients_seen
-        if reading is not None and self._attribution is None:  # attribution snapshots itself
+        final["objects"] = self._count_objects()
+        recorder = self._attribution
+        if reading is not None and (recorder is None or not recorder.tracing):
+            # (a recorder that traces the allocator takes its own snapshot when it stops)
             with contextlib.suppress(Exception):
                 segments = torch.cuda.memory_snapshot()
                 final["private_pools"] = allocator.private_pools(segments, self._device_index)
@@ -987,13 +1010,17 @@ class Session:
         if self._running:
             self.stop()
         if self._report is None:
+            from vramscope.report.findings import add_findings
             from vramscope.tracking.assemble import assemble_report
+            from vramscope.tracking.attribution import attach_attribution
+            from vramscope.tracking.peak import settle_categories
 
-            self._report = assemble_report(self)
-            if self._attribution is not None:  # attribution: modules, lines, snapshot
-                from vramscope.tracking.attribution import attach_attribution
-
-                attach_attribution(self, self._report)
+            report = assemble_report(self)
+            # the recorded allocations: the module tree, lines, snapshot, and the evidence
+            # of what the peak is made of, settled in one place before anything reads it
+            analysis = attach_attribution(self, report) if self._attribution else None
+            settle_categories(self, report, analysis)
+            self._report = add_findings(report)
         return self._report
 
 

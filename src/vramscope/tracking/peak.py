@@ -1,0 +1,182 @@
+"""What the peak is made of: the categories at the run's peak, decided in one place from the
+best evidence the run has, and written where every table and output reads them.
+
+The evidence, best first:
+
+1. **The recorded allocations** (:mod:`vramscope.report.modules`' analysis of the event
+   log) when they hold the run's peak: every block alive at that instant, parameters,
+   buffers, gradients and optimizer state by the storages the objects held (identity),
+   activations, temporaries and other by lifetime. On CUDA that is the allocator's trace
+   (``--detail modules``/``lines``, and with the default detail the first steps and the step
+   after each new peak, which repeats it); on the CPU the dispatch mode's storages.
+2. **Phase boundaries** (CUDA, when no trace holds the peak): the objects' bytes split by
+   the phase and step the peak was in, activations read where the backward began, the rest
+   temporaries. The note says so.
+3. **The objects alone** (the CPU with the default detail: no allocator to read).
+
+The module tree is made from the same recorded blocks at the same instant, so its columns
+add up to these categories; the reconciliation at the peak, the findings, the terminal, HTML
+and JSON read them from the report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramscope.report.model import Categories, Report
+
+CPU_REASON = "no CUDA device in use: the CPU has no caching allocator to read"
+
+
+def settle_categories(session: Any, report: Report, analysis: dict[str, Any] | None) -> None:
+    """Set ``report.categories_at_peak`` (and the peak's reconciliation) from the best
+    evidence; ``analysis``: the recorded allocations' analysis, or None."""
+    cuda = session._device_index is not None
+    run_peak = report.peak.allocated_bytes
+    notes: list[str] = []
+    source = "objects"
+    cats: Categories | None = None
+    if analysis is not None:
+        traced = analysis["peak"]["allocated_bytes"]
+        if analysis["source"] == "cpu-dispatch":
+            cats, source = Categories(**analysis["categories"]), "cpu-dispatch"
+            report.categories_note = (
+                "tensor bytes at the highest point of the run, from every storage the CPU "
+                "operators made (exact per storage); parameters, buffers, gradients and "
+                "optimizer state by the storages the objects held, the rest by lifetime"
+            )
+        elif run_peak and traced and _same_peak(analysis["peak"], report):
+            cats, source = Categories(**analysis["categories"]), "allocator-trace"
+            report.categories_note = (
+                f"exact at the peak, from the allocator's trace of step "
+                f"{analysis['peak']['step']}: parameters, buffers, gradients and optimizer "
+                "state by the storages the objects held; activations (made in a forward, "
+                "alive when its backward began), temporaries and other by lifetime"
+            )
+        elif run_peak and traced:
+            from vramscope.report.modules import unmarked_peak_note
+
+            said = (
+                unmarked_peak_note(report, analysis) + "; "
+                if session._attribution is not None and session._attribution.markers
+                else ""
+            )
+            notes.append(
+                said + "the allocator's trace did not record the step of the run's peak "
+                f"(step {report.peak.step}), so the categories are split at phase boundaries"
+            )
+    if cats is None and cuda and run_peak is not None:
+        cats, source = _split_at_phase_boundaries(session, report), "phase-boundaries"
+    if cats is None:
+        cats = _objects_only(session, report)
+    report.categories_at_peak = cats
+    report.extra["categories_source"] = source
+    if source in ("allocator-trace", "cpu-dispatch"):
+        report.unavailable.pop("categories_at_peak.activations", None)
+    for rec in report.reconciliation:
+        if rec.moment == "peak":
+            rec.tensors = cats
+    if notes:
+        report.extra.setdefault("attribution_notes", []).extend(notes)
+
+
+def _same_peak(traced: dict[str, Any], report: Report) -> bool:
+    """Whether the trace's highest point is the run's peak: the same step (the trace sizes
+    blocks as the allocator does, within 1 %), or a step that repeats it (the same phase and
+    bytes: the run's peak moves to the latest step that reaches it again)."""
+    run_peak = report.peak.allocated_bytes or 0
+    gap = abs(traced["allocated_bytes"] - run_peak)
+    if traced["step"] == report.peak.step:
+        return gap <= 0.01 * run_peak
+    return gap == 0 or (traced["phase"] == report.peak.phase and gap <= 0.001 * run_peak)
+
+
+def _objects_only(session: Any, report: Report) -> Categories:
+    """The CPU with the default detail: what the objects held (the highest seen)."""
+    seen = session._ledger.seen
+    cats = Categories(
+        parameters=seen.parameters,
+        buffers=seen.buffers,
+        gradients=max(seen.gradients, session._ledger.full_gradients)
+        if any(s.backwards for s in session._steps)
+        else seen.gradients,
+        optimizer_state=seen.optimizer_state,
+    )
+    report.categories_note = (
+        "on the CPU, parameters, buffers, gradients and optimizer state are exact from the "
+        "objects; activations and temporaries need a CUDA device (allocator counters) or "
+        "--detail modules"
+    )
+    report.unavailable["categories_at_peak.activations"] = CPU_REASON
+    return cats
+
+
+def _split_at_phase_boundaries(session: Any, report: Report) -> Categories:
+    """No trace holds the peak: the objects' bytes split by the peak's phase and step, the
+    activations from the allocator's reading where the backward began, the rest temporaries.
+    Inside a backward, which gradients existed at the peak is not known: all are counted."""
+    objects = session._ledger.seen
+    full_gradients = session._ledger.full_gradients
+    step_index, phase_name = session._peak_where
+    record = session._peak_record
+    peak = report.peak.allocated_bytes or 0
+    params, buffers = objects.parameters, objects.buffers
+    opt_full = objects.optimizer_state
+    first_optimizer_step = min(
+        (s.index for s in report.steps for p in s.phases if p.name == "optimizer"), default=None
+    )
+    opt_state = opt_full
+    if (
+        first_optimizer_step is None
+        or step_index is None
+        or step_index < first_optimizer_step
+        or (step_index == first_optimizer_step and phase_name != "optimizer")
+    ):
+        opt_state = 0
+    grads_live = bool(record and record.grads_live_at_start)
+    if phase_name in ("backward", "optimizer"):
+        grads = full_gradients
+    elif phase_name == "forward":
+        grads = full_gradients if grads_live or (record and record.backwards > 1) else 0
+    else:
+        grads = objects.gradients if grads_live else 0
+    baseline = session._first_reading.allocated_bytes if session._first_reading else 0
+    other = max(0, baseline - params - buffers)
+    activations = 0
+    if record is not None:
+        backward = record.phases.get("backward")
+        if backward is not None and backward.start_allocated_bytes is not None:
+            held = params + buffers + other + (grads if grads_live else 0)
+            held += opt_state if phase_name != "optimizer" else opt_full
+            activations = max(0, backward.start_allocated_bytes - held)
+    if phase_name in ("optimizer", "zero_grad", "data", "other"):
+        activations = 0
+    fixed = params + buffers + grads + opt_state + other
+    if fixed + activations > peak:
+        activations = max(0, peak - fixed)
+    temporaries = max(0, peak - fixed - activations)
+    where = (
+        f"the {phase_name} phase of step {step_index}"
+        if phase_name
+        else (f"step {step_index}, which read no phase" if step_index is not None else "no step")
+    )
+    report.categories_note = (
+        "parameters, buffers, gradients and optimizer state are the objects' bytes, split by "
+        "the phase the peak was in; activations (saved for backward, read where backward "
+        "began) and temporaries (the rest) come from allocator counters at phase "
+        f"boundaries; the peak is in {where}, a step the allocator's trace did not record"
+        + (
+            " (inside a backward, every gradient is counted as existing)"
+            if phase_name == "backward"
+            else ""
+        )
+    )
+    return Categories(
+        parameters=params,
+        buffers=buffers,
+        gradients=grads,
+        optimizer_state=opt_state,
+        activations=activations,
+        temporaries=temporaries,
+        other=other,
+    )
