@@ -22,6 +22,7 @@ from vramscope.cli.common import (
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
 from vramscope.report.validation import validation
+from vramscope.report.verdict import sentence as verdict_sentence
 from vramscope.units import format_bytes, parse_size
 
 
@@ -115,24 +116,16 @@ def command(
 
 
 def verdict_line(report: Report) -> str:
+    """The estimate's last line: the verdict's sentence, and where the peak is when it fits
+    (where it runs out is in the sentence when it does not)."""
     v = report.extra["verdict"]
     where = ""
-    if report.peak.step is not None:
-        where = f"; peak allocated in step {report.peak.step}, {report.peak.phase}"
-    used = format_bytes(v["device_used_bytes"])
-    total = format_bytes(v["total_bytes"])
+    if v.get("fits") and report.peak.step is not None:
+        where = f"; the peak is in the {report.peak.phase} phase of step {report.peak.step}"
     job = report.extra.get("distributed")
     if isinstance(job, dict) and job.get("estimated"):
         where += f" (per rank: rank {job.get('rank')} of {job.get('summary')})"
-    if v["fits"]:
-        return (
-            f"vramscope: fits on {v['gpu']}: {used} of {total}, headroom "
-            f"{format_bytes(v['headroom_bytes'])} ({v['headroom_pct']:.1f}%){where}"
-        )
-    return (
-        f"vramscope: does NOT fit on {v['gpu']}: needs {used} of {total} "
-        f"({format_bytes(-v['headroom_bytes'])} over){where}"
-    )
+    return f"vramscope: {verdict_sentence(v)}{where}"
 
 
 def _check_can_validate() -> None:

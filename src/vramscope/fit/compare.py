@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from vramscope.errors import VramscopeError
 from vramscope.fit.search import (
+    DEFAULT_GPU,
     Estimator,
     Progress,
     Target,
@@ -50,7 +51,7 @@ def compare(
     FSDP, HSDP at ``parallel``'s world size and settings) and ``strategies`` picks them."""
     if not workloads:
         raise VramscopeError("give at least one workload to compare")
-    target = make_target(gpu or "h200", budget, margin)
+    target = make_target(gpu, budget, margin, default_gpu=DEFAULT_GPU)
     if parallel is not None:
         measured = False  # one GPU here cannot run the job's ranks
         if parallel_each and len(workloads) > 1:
@@ -91,6 +92,8 @@ def compare(
             reports[label] = report
             row["estimated_peak"] = _peak_dict(report)
             row["peak"] = dict(row["estimated_peak"])
+            # as fit judges a batch: it must not run out, nor (within a margin) run short
+            row["fits"] = est.fits(batch_size)
             if plan is not None:  # what a rank holds of the model, by strategy
                 cats = report.categories_at_peak
                 row["model_state"] = {
@@ -110,8 +113,10 @@ def compare(
                 if trial.status == "fits":
                     row["peak"] = trial.peak
                     row["step_time_s"] = trial.step_time_s
+                    row["fits"] = (target.measure_of(trial.peak) or 0) <= target.usable_bytes
                 else:
                     row["error"] = trial.error
+                    row["fits"] = False
             if progress:
                 progress(f"{label}: {format_bytes(target.measure_of(row['peak']))}")
         except NotApplicable as exc:
@@ -214,8 +219,7 @@ def _savings(rows: list[dict[str, Any]], target: Target) -> None:
             b, v = base["peak"].get(key), row["peak"].get(key)
             if b and v is not None:
                 row.setdefault("saving_pct", {})[key] = round(100 * (b - v) / b, 2)
-        value = target.measure_of(row["peak"]) or 0
-        row["fits"] = value <= target.usable_bytes
+        row.setdefault("fits", (target.measure_of(row["peak"]) or 0) <= target.usable_bytes)
         if base.get("step_time_s") and row.get("step_time_s"):
             row["slowdown_pct"] = round(100 * (row["step_time_s"] / base["step_time_s"] - 1), 1)
 
