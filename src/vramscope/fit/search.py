@@ -20,6 +20,7 @@ from vramscope.fit.strategies import NotApplicable, Strategy, get_strategy
 from vramscope.fit.trial import TrialResult, run_trial
 from vramscope.report.model import Finding, Report
 from vramscope.report.words import count, spans
+from vramscope.stops import partial_on_stop
 from vramscope.units import format_bytes, parse_percent, parse_size
 from vramscope.workload import resolve
 
@@ -501,71 +502,106 @@ def fit(
     est = Estimator(
         workload, target, base, precision, accumulate, allocator_config, progress, parallel
     )
-    found = search_batches(est, max_batch_size)
-    best = found.best
-    runs_no_margin = found.runs_without_margin or 0
-    best_no_margin = found.best_without_margin or 0
-    section = fit_section(est, found, max_batch_size)
-    report = est.report(max(best, 1))
-    findings: list[Finding] = []
-    probed = est.batches
-    if best > 0 and len(probed) >= 2 and est.value(probed[-1]) <= est.value(probed[0]) * 1.001:
-        findings.append(
-            Finding(
-                "fit",
-                "warning",
-                f"memory does not grow with the batch size (batch {count(probed[0])} and "
-                f"batch {count(probed[-1])} both need {format_bytes(est.value(probed[0]))}): "
-                "the build function may not use batch_size as the first dimension of its "
-                "inputs, so the answer is only the --max-batch-size cap",
-                {},
+    with partial_on_stop(lambda: partial_report(est)):
+        found = search_batches(est, max_batch_size)
+        best = found.best
+        runs_no_margin = found.runs_without_margin or 0
+        best_no_margin = found.best_without_margin or 0
+        section = fit_section(est, found, max_batch_size)
+        report = est.report(max(best, 1))
+        findings: list[Finding] = []
+        probed = est.batches
+        if best > 0 and len(probed) >= 2 and est.value(probed[-1]) <= est.value(probed[0]) * 1.001:
+            findings.append(
+                Finding(
+                    "fit",
+                    "warning",
+                    f"memory does not grow with the batch size (batch {count(probed[0])} and "
+                    f"batch {count(probed[-1])} both need {format_bytes(est.value(probed[0]))}): "
+                    "the build function may not use batch_size as the first dimension of its "
+                    "inputs, so the answer is only the --max-batch-size cap",
+                    {},
+                )
             )
-        )
-        section["batch_size_has_no_effect"] = True
-    if best == 0:
-        # what batch size 1 needs of what the target compares, on a GPU large enough
-        section["needed_at_batch_1_bytes"] = target.measure_of(
-            _peak_dict(est.report(1, capped=False))
-        )
-        section["parameters_bytes"] = est.report(1, capped=False).categories_at_peak.parameters
-        section["closest_strategy"] = _closest_strategy(
-            workload, target, precision, accumulate, allocator_config, parallel
-        )
-    if parallel is not None:
-        section["per_rank"] = {
-            "world_size": parallel.world_size,
-            "strategy": parallel.strategy,
-            "summary": parallel.describe(),
-            "job_batch_size": best * parallel.world_size,
-        }
-    if effective_batch:
-        per_gpu = effective_batch // (parallel.world_size if parallel else 1)
-        section["plans"] = _plans(est, per_gpu, best, target)
+            section["batch_size_has_no_effect"] = True
+        if best == 0:
+            # what batch size 1 needs of what the target compares, on a GPU large enough
+            section["needed_at_batch_1_bytes"] = target.measure_of(
+                _peak_dict(est.report(1, capped=False))
+            )
+            section["parameters_bytes"] = est.report(1, capped=False).categories_at_peak.parameters
+            section["closest_strategy"] = _closest_strategy(
+                workload, target, precision, accumulate, allocator_config, parallel
+            )
         if parallel is not None:
-            section["plans_per_gpu_of"] = effective_batch
-        recommended = next((p for p in section["plans"] if p["fits"]), None)
-        section["recommended_plan"] = recommended
-    if verify:
-        seed = best_no_margin or 1
-        slope = (est.value(seed) - est.value(1)) / (seed - 1) if seed > 1 else None
-        section["verify"] = _verify(
-            workload,
-            target,
-            seed,
-            sorted({best_no_margin + 1, runs_no_margin + 1}),
-            precision,
-            accumulate,
-            allocator_config,
-            max_batch_size,
-            progress,
-            slope_bytes=slope,
-            aim_bytes=est.aim(target.limit_bytes) if target.kind == "budget" else None,
-        )
-        if section["verify"].get("max_batch_size") is not None:
-            section["method"] = "estimate+verify"
-    section["answer"] = final_answer(section)
-    report.extra["fit"] = section
-    report.findings = answer_findings(section) + findings + report.findings
+            section["per_rank"] = {
+                "world_size": parallel.world_size,
+                "strategy": parallel.strategy,
+                "summary": parallel.describe(),
+                "job_batch_size": best * parallel.world_size,
+            }
+        if effective_batch:
+            per_gpu = effective_batch // (parallel.world_size if parallel else 1)
+            section["plans"] = _plans(est, per_gpu, best, target)
+            if parallel is not None:
+                section["plans_per_gpu_of"] = effective_batch
+            recommended = next((p for p in section["plans"] if p["fits"]), None)
+            section["recommended_plan"] = recommended
+        if verify:
+            seed = best_no_margin or 1
+            slope = (est.value(seed) - est.value(1)) / (seed - 1) if seed > 1 else None
+            section["verify"] = _verify(
+                workload,
+                target,
+                seed,
+                sorted({best_no_margin + 1, runs_no_margin + 1}),
+                precision,
+                accumulate,
+                allocator_config,
+                max_batch_size,
+                progress,
+                slope_bytes=slope,
+                aim_bytes=est.aim(target.limit_bytes) if target.kind == "budget" else None,
+            )
+            if section["verify"].get("max_batch_size") is not None:
+                section["method"] = "estimate+verify"
+        section["answer"] = final_answer(section)
+        report.extra["fit"] = section
+        report.findings = answer_findings(section) + findings + report.findings
+        return report
+
+
+def partial_report(est: Estimator) -> Report | None:
+    """What a search stopped before its answer has: its estimates so far, and the largest
+    size that fits with every smaller one estimated so far (not an answer: ``max_batch_size``
+    is null). None before the first estimate."""
+    done = est.estimated()
+    if not done:
+        return None
+    so_far = 0
+    for b in done:  # ascending: up to the first that does not fit
+        if not est.fits(b):
+            break
+        so_far = b
+    cap = est.target.usable_bytes if est.target.kind == "budget" else None
+    report = est.cache[(so_far or done[0], cap)]
+    key = "max_batch_size" if est.axis is None else "max_seq_len"
+    report.extra["fit"] = {
+        key: None,
+        "interrupted": True,
+        "fits_so_far": est.size(so_far),
+        "target": _target_section(est.target),
+        "method": "estimate",
+        "estimates": len(est.cache),
+        "curve": [
+            {
+                "batch_size" if est.axis is None else "seq_len": est.size(b),
+                "peak": _peak_dict(est.cache[(b, cap)]),
+                "fits": est.fits(b),
+            }
+            for b in done
+        ],
+    }
     return report
 
 
@@ -681,7 +717,8 @@ def fit_sequence(
         parallel=parallel,
         axis=axis,
     )
-    found = search_batches(est, cap, start=min(cap, 512 // axis.step))
+    with partial_on_stop(lambda: partial_report(est)):
+        found = search_batches(est, cap, start=min(cap, 512 // axis.step))
     section = fit_section(est, found, cap)
     new = axis.spec.new_tokens
     section.update(
