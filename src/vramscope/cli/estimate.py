@@ -75,11 +75,10 @@ def command(
     """Trace real steps of WORKLOAD (path/to/file.py:function, example:gpt, hf:gpt2, ...)
     with fake tensors on an emulated GPU and predict peak allocated, reserved and device-used
     memory, with a verdict: does it fit, and with how much room. Needs no GPU."""
-    from vramscope.estimate.profiles import PROFILES, get_profile
+    from vramscope.estimate.profiles import get_profile, list_text
 
     if list_gpus:
-        for profile in PROFILES:
-            click.echo(profile.describe())
+        click.echo(list_text())
         return None
     if not workload:
         raise click.UsageError("missing WORKLOAD (or give --list-gpus)")

@@ -178,6 +178,18 @@ def replay_report(
     return report, result
 
 
+def _context_words(profile: GpuProfile, trace: Trace) -> str:
+    """The context an estimate adds, in the words ``estimate --list-gpus`` uses."""
+    text = profile.describe_context(
+        training=trace.backward_ran,
+        cudnn="cudnn" in trace.libraries,
+        cudnn_backward="cudnn_backward" in trace.libraries,
+    )
+    if trace.communicator_bytes:
+        text += f", and {format_bytes(trace.communicator_bytes)} for NCCL's communicators"
+    return text
+
+
 def context_bytes(profile: GpuProfile, trace: Trace) -> int:
     """The profile's context and library memory for what this step uses (and NCCL's
     communicators, for a rank of a distributed job)."""
@@ -784,8 +796,7 @@ def _estimate_findings(report: Report, profile: GpuProfile, trace: Trace, result
                 "uncalibrated",
                 "info",
                 f"the {profile.name} profile is uncalibrated: device used adds a guessed "
-                f"{format_bytes(report.startup.context_and_libraries_bytes)} for the CUDA context and "
-                "libraries",
+                f"{_context_words(profile, trace)} for the CUDA context and libraries",
             )
         )
     for item in trace.data_dependent[:5]:

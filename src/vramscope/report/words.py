@@ -98,3 +98,14 @@ def duration(seconds: float | None) -> str:
         return f"{seconds:.1f} s"
     minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} min {rest:02d} s"
+
+
+# words a field name abbreviates
+_SPELLED = {"rss": "RSS", "pct": "%", "oom": "OOM", "gpu": "GPU", "cuda": "CUDA"}
+
+
+def field_label(key: str) -> str:
+    """A report field's name in words: ``peak.host_rss_bytes`` → ``peak host RSS``,
+    ``headroom_pct`` → ``headroom %``."""
+    words = key.replace(".", "_").removesuffix("_bytes").split("_")
+    return " ".join(_SPELLED.get(w, w) for w in words if w)
