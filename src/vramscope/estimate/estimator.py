@@ -795,8 +795,8 @@ def _estimate_findings(report: Report, profile: GpuProfile, trace: Trace, result
             Finding(
                 "uncalibrated",
                 "info",
-                f"the {profile.name} profile is uncalibrated: device used adds a guessed "
-                f"{_context_words(profile, trace)} for the CUDA context and libraries",
+                f"the {profile.name} profile is uncalibrated: what it adds to device used for "
+                f"the CUDA context and libraries, {_context_words(profile, trace)}, is a guess",
             )
         )
     for item in trace.data_dependent[:5]:

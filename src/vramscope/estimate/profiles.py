@@ -123,14 +123,14 @@ class GpuProfile:
     def describe_context(
         self, training: bool = True, cudnn: bool = False, cudnn_backward: bool = False
     ) -> str:
-        """``496.00 MiB (480.00 MiB for a training step with cuBLAS, +10.00 MiB for cuDNN's
-        kernels, +6.00 MiB for cuDNN's backward kernels)``: the figure and how it is made."""
+        """``496.00 MiB (480.00 MiB a training step with cuBLAS, +10.00 MiB cuDNN's kernels,
+        +6.00 MiB cuDNN's backward kernels)``: the figure and how it is made."""
         parts = self.context_parts(training, cudnn, cudnn_backward)
         total = format_bytes(sum(n for _, n in parts))
         if len(parts) == 1:
-            return f"{total} (for {parts[0][0]})"
-        shown = [f"{format_bytes(parts[0][1])} for {parts[0][0]}"]
-        shown += [f"{format_bytes(n, signed=True)} for {label}" for label, n in parts[1:]]
+            return f"{total} ({parts[0][0]})"
+        shown = [f"{format_bytes(parts[0][1])} {parts[0][0]}"]
+        shown += [f"{format_bytes(n, signed=True)} {label}" for label, n in parts[1:]]
         return f"{total} ({', '.join(shown)})"
 
 

@@ -659,7 +659,8 @@ def render(report: Report) -> Group:
             Text(
                 f"Startup: allocated before the first step {b(s.after_build_allocated_bytes)}, "
                 f"reserved {b(s.after_build_reserved_bytes)}; CUDA context and libraries "
-                f"{b(s.context_and_libraries_bytes)}; host RSS {b(s.host_rss_bytes)}"
+                f"{b(s.context_and_libraries_bytes)}"
+                + (f"; host RSS {b(s.host_rss_bytes)}" if report.kind != "estimated" else "")
             )
         )
     if report.phases:
