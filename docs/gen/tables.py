@@ -666,3 +666,31 @@ def report_schema(root: Path) -> str:
                 f"{_type(schema, node)}. {_cell(node.get('description', ''))}",
             ]
     return "\n".join(parts)
+
+
+@table("exit-codes")
+def exit_codes(root: Path) -> str:
+    """The exit codes, from the one policy the commands use (``vramscope.cli.exits``)."""
+    import ast
+
+    tree = ast.parse((root / "src" / "vramscope" / "cli" / "exits.py").read_text(encoding="utf-8"))
+    codes = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "EXIT_CODES" for t in node.targets)
+    )
+    names = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, int)
+    }
+    rows = []
+    for pair in codes.elts:
+        code, meaning = pair.elts
+        number = names[code.id] if isinstance(code, ast.Name) else code.value
+        rows.append([f"`{number}`", meaning.value])
+    return markdown(["code", "meaning"], rows, align="rl")

@@ -1,22 +1,8 @@
 """Exit codes: one policy for ``estimate``, ``fit``, ``compare`` and ``measure``, so that a
-script can act on the answer without reading it.
-
-======  ===========================================================================
-code    meaning
-======  ===========================================================================
-0       answered, and it fits (the estimate's verdict, the largest batch ≥ 1, a
-        strategy compared that fits, a measured run that finished)
-1       answered, and it does not fit (nothing fits even at batch size 1, no strategy
-        compared fits, a measured run ran out of memory)
-2       bad input: one line on stderr says what and what to do (an unknown GPU, a
-        budget of 0, a workload that cannot be built or whose step raised)
-130     interrupted by Ctrl-C (SIGINT); 143 by SIGTERM, 129 by SIGHUP (128 + the
-        signal's number, as a shell reports a killed process); what was done so far is
-        written to ``--json`` (and the other files asked for)
-======  ===========================================================================
-
-``run`` exits with the script's own code. The table is in ``docs/exit-codes.md``.
-"""
+script can act on the answer without reading it: 0 answered and it fits, 1 answered and it
+does not fit, 2 bad input, 128 + the signal's number when stopped (130 for Ctrl-C, 143 for
+SIGTERM, 129 for SIGHUP). ``EXIT_CODES`` is the table ``docs/exit-codes.md`` shows; ``run``
+exits with the script's own code."""
 
 from __future__ import annotations
 
@@ -34,14 +20,31 @@ FITS = 0
 DOES_NOT_FIT = 1
 BAD_INPUT = 2
 
-# (code, meaning): the table the docs show
+# (code, meaning): the table docs/exit-codes.md shows
 EXIT_CODES = (
-    (FITS, "answered, and it fits"),
-    (DOES_NOT_FIT, "answered, and it does not fit"),
-    (BAD_INPUT, "bad input (one line on stderr says what)"),
-    (130, "interrupted by Ctrl-C (SIGINT)"),
-    (143, "stopped by SIGTERM"),
-    (129, "stopped by SIGHUP"),
+    (
+        FITS,
+        "answered, and it fits: the estimate's verdict fits, `fit` found a batch size (or "
+        "sequence) of 1 or more, a strategy `compare` put side by side fits, `measure`'s steps "
+        "ran",
+    ),
+    (
+        DOES_NOT_FIT,
+        "answered, and it does not fit: the verdict does not fit, not even batch size 1 fits, "
+        "no strategy compared fits, `measure` ran out of memory",
+    ),
+    (
+        BAD_INPUT,
+        "bad input: an unknown GPU, a budget of 0, options that cannot go together, a workload "
+        "that cannot be built or whose step raised; one line on stderr says what and what to do",
+    ),
+    (
+        130,
+        "interrupted by Ctrl-C (SIGINT): one line says so, and what was done so far is written "
+        "to `--json` (and the other files asked for), marked partial",
+    ),
+    (143, "stopped by SIGTERM (a scheduler, `timeout`, `kill`), the same way"),
+    (129, "stopped by SIGHUP (a closed terminal), the same way"),
 )
 
 
