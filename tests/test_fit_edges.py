@@ -98,8 +98,13 @@ def test_the_answer_stays_below_the_lowest_batch_that_runs_out():
 
 def test_a_single_batch_that_runs_out_below_others_that_run_counts():
     """Every batch up to the answer must fit: one that runs out among ones that run ends the
-    answer below it, whichever the first failure the search found."""
-    assert lowest_failure(lambda b: b != 675 and b < 694, 694) == 675
+    answer below it. The 8 batch sizes below one that runs out are each looked at, then
+    every third down to 3% of it (24 at most)."""
+    assert lowest_failure(lambda b: b != 688 and b < 694, 694) == 688
+    assert lowest_failure(lambda b: b != 677 and b < 694, 694) == 677  # every third: 683 … 674
+    calls: list[int] = []
+    lowest_failure(lambda b: calls.append(b) or b < 694, 694)
+    assert calls == [*range(693, 685, -1), 683, 680, 677, 674]
 
 
 def test_batches_that_run_out_at_a_regular_spacing_are_followed_down_as_a_class():
@@ -113,7 +118,7 @@ def test_batches_that_run_out_at_a_regular_spacing_are_followed_down_as_a_class(
         return b <= 1745 and not (b % 8 == 6 and b >= 1670)
 
     assert lowest_failure(fits, 1746) == 1670
-    assert len(set(calls)) <= 56  # two windows of 24 and the class: 53
+    assert len(set(calls)) <= 40  # the windows below 1,746, the class, and below its lowest
 
 
 def test_verify_confirms_an_exact_estimate_in_two_trials():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -62,17 +63,33 @@ class StopHandlers:
     def __init__(self) -> None:
         self.received: BaseException | None = None
         self._previous: dict[int, Any] = {}
+        self._unraisable: Any = None
 
     def __enter__(self) -> StopHandlers:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, *STOP_SIGNALS):
                 self._previous[signum] = signal.signal(signum, self._handle)
+            # an interruption raised where Python cannot pass it on (an import's clean-up)
+            # is noted here and raised again later (``check``): no traceback for it
+            self._unraisable = sys.unraisablehook
+            sys.unraisablehook = self._quiet_unraisable
+        _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
+        if self._unraisable is not None:
+            sys.unraisablehook = self._unraisable
+            self._unraisable = None
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+
+    def _quiet_unraisable(self, unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, (KeyboardInterrupt, Stopped)):
+            return
+        (self._unraisable or sys.__unraisablehook__)(unraisable)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT:
@@ -82,6 +99,21 @@ class StopHandlers:
         stopped = Stopped(signum)
         self.received = self.received or stopped
         raise stopped
+
+
+_ACTIVE: list[StopHandlers] = []
+
+
+def check() -> None:
+    """Raise again an interruption that was noted but swallowed on the way (Python ignores
+    an exception raised inside an import's clean-up): called before each new piece of work
+    (an estimate), so that Ctrl-C stops the command even then."""
+    for handlers in _ACTIVE:
+        received = handlers.received
+        if isinstance(received, Stopped):
+            raise Stopped(received.signum)
+        if received is not None:
+            raise KeyboardInterrupt
 
 
 def keep_partial(exc: BaseException, make: Callable[[], Any]) -> None:

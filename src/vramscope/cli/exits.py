@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from vramscope.report.model import ExitInfo, Report
-from vramscope.stops import Stopped, said, signal_of
+from vramscope.stops import Stopped, check, said, signal_of
 
 FITS = 0
 DOES_NOT_FIT = 1
@@ -98,6 +98,7 @@ def answers(func: Callable[..., Report | None]) -> Callable[..., None]:
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> None:
         try:
+            check()  # Ctrl-C while the command was loading
             report = func(*args, **kwargs)
         except (KeyboardInterrupt, Stopped) as exc:
             stop(exc, getattr(exc, "partial_report", None), kwargs)

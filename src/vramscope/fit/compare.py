@@ -73,9 +73,10 @@ def compare(
         done = next(iter(reports.values()), None)
         if done is None:
             return None
-        _savings(rows, target)
+        finished = [r for r in rows if "peak" in r or "skipped" in r]
+        _savings(finished, target)
         done.extra["fit"] = {
-            "strategies": rows,
+            "strategies": finished,
             "interrupted": True,
             "target": _target_section(target),
             "batch_size": batch_size,
@@ -94,6 +95,7 @@ def compare(
                 "cost": cost,
                 "measured": bool(measured),
             }
+            rows.append(row)  # filled in below; a stop keeps it when it has its peak
             if plan is not None:
                 row["parallel"] = plan.strategy
             try:
@@ -141,7 +143,6 @@ def compare(
                 row["skipped"] = str(exc)
             except VramscopeError as exc:
                 row["skipped"] = f"could not be estimated: {exc}"
-            rows.append(row)
     _savings(rows, target)
     recommendation = _recommend(rows, target)
     base_label = rows[0]["name"]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vramscope import stops
 from vramscope.errors import VramscopeError
 from vramscope.fit.answer import final_answer
 from vramscope.fit.strategies import NotApplicable, Strategy, get_strategy
@@ -158,6 +159,8 @@ class Estimator:
         if key not in self.cache:
             from vramscope.estimate.estimator import estimate
 
+            stops.check()  # an interruption swallowed during the last one stops the search
+
             s = self.strategy
             builder, batch = self.resolved.builder, batch_size
             if self.axis is not None:  # batch_size counts the axis's steps of tokens here
@@ -301,9 +304,23 @@ def largest_fitting(
 
 
 def edge_window(batch: int) -> int:
-    """How many batch sizes below a batch that runs out are each estimated: 3% of it, at
-    least 8 and at most 24."""
+    """How far below a batch that runs out the search looks: 3% of it, at least 8 and at
+    most 24 batch sizes."""
     return max(8, min(24, int(batch * 0.03)))
+
+
+# the batch sizes just below one that runs out that are each estimated; further down the
+# window, every third (which meets every batch size of a class that runs out every 2nd, 4th
+# or 8th size: 3 shares no factor with them)
+NEAR, STRIDE = 8, 3
+
+
+def window_below(lowest: int, window: int) -> list[int]:
+    """The batch sizes looked at below ``lowest``: the ``NEAR`` next ones, then every
+    ``STRIDE``-th down to ``window`` below it."""
+    near = list(range(lowest - 1, max(0, lowest - 1 - NEAR), -1))
+    far = range(lowest - 1 - NEAR - (STRIDE - 1), max(0, lowest - 1 - window), -STRIDE)
+    return near + list(far)
 
 
 def lowest_failure(
@@ -312,7 +329,7 @@ def lowest_failure(
     window: Callable[[int], int] = edge_window,
 ) -> int:
     """The lowest batch size that runs out, looking down from ``first`` (one that runs out,
-    or the search's cap + 1): ``first`` when every batch of the window below it runs.
+    or the search's cap + 1): ``first`` when every batch looked at below it runs.
 
     Near the limit memory is not monotone in the batch size: which cuDNN variant runs, when
     the allocator frees its cache and whether a block finds room in a cached segment depend
@@ -320,15 +337,15 @@ def lowest_failure(
     217, ran out at 218 and 219, ran again at 220 to 224 and ran out from 225
     (``tests/data/fit_edges_h200.json``); on a GPU's full memory the estimate of the example
     CNN needs one more segment at every eighth batch size. A last, smaller batch of an epoch
-    must fit too, so the answer is one below the lowest batch that runs out: every batch of
-    the window below each one found is estimated, and the lowest found starts the next
-    window. Batches that run out at a regular spacing (every eighth) are a class whose
-    memory grows with the batch like the others: the search follows the class down (by
-    doubling steps, then bisection) before it looks at the window below its lowest."""
+    must fit too, so the answer is one below the lowest batch that runs out. Below each one
+    found, the 8 next batch sizes are estimated, then every third down the window
+    (:func:`window_below`), and the lowest found starts the next window. Batches that run
+    out at a regular spacing (every eighth) are a class whose memory grows with the batch
+    like the others: the search follows the class down (by doubling steps, then bisection)
+    before it looks at the window below its lowest."""
     lowest = first
     while lowest > 1:
-        below = range(lowest - 1, max(0, lowest - 1 - window(lowest)), -1)
-        failing = [b for b in below if not fits(b)]
+        failing = [b for b in window_below(lowest, window(lowest)) if not fits(b)]
         if not failing:
             return lowest
         lowest = min(failing)
