@@ -141,7 +141,7 @@ def test_html_reports_are_written_and_named(demo):
     for name in ("cnn", "gpt"):
         page = (folder / f"vramscope-demo-{name}.html").read_text()
         best = demo["data"]["estimates"][f"example:{name}"]["h100-80gb"]["fit"]["max_batch_size"]
-        assert f"Largest batch that fits: {best}" in page
+        assert f"Largest batch size: {best:,}" in page
     assert "vramscope-demo-cnn.html · vramscope-demo-gpt.html" in demo["stdout"]
 
 

@@ -215,7 +215,7 @@ def test_fit_cli_says_what_a_too_small_budget_would_need():
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # answered: it does not fit
     out = " ".join(proc.stdout.split())
     assert "Does not fit, even at batch size 1: it needs" in out
     assert "parameters alone" in out and "closest strategy" in out

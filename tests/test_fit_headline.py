@@ -56,7 +56,9 @@ def test_an_estimate_only_fit_answers_with_the_estimate_and_says_so():
     assert schema.errors(data) == []
     lines = headline(section).plain.splitlines()
     assert lines[0] == "Largest batch size: 211"
-    assert lines[1].startswith("  fits a 2.00 GiB budget: reserved ≤ 1.90 GiB (5% margin kept free)")
+    assert lines[1].startswith(
+        "  fits a 2.00 GiB budget: reserved ≤ 1.90 GiB (5% margin kept free)"
+    )
     assert lines[2] == "  without the margin: 217 · from the estimator, 63 estimates"
 
 
@@ -128,7 +130,8 @@ def test_the_html_report_leads_with_the_verified_answer_too():
     section["verify"] = recorded_verify([218, 225])
     section["answer"] = final_answer(section)
     page = html.render(report)
+    assert "Largest batch size: 217" in page
     assert (
-        "Largest batch that fits: 217 (budget 2.00 GiB), verified with 2 real trials; "
-        "the estimate said 211" in page
+        "verified with 2 real trials at the full budget; the estimate said 211 with the 5% "
+        "margin, 217 without, from 63 estimates" in page
     )

@@ -94,7 +94,7 @@ def test_estimate_json_dash_puts_the_verdict_on_stderr(tiny):
     proc = vramscope("estimate", tiny, "-b", "4", "--json", "-")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["verdict"]["fits"] is True
-    assert "vramscope: fits on h200" in proc.stderr
+    assert "vramscope: fits on NVIDIA H200" in proc.stderr
     quiet = vramscope("estimate", tiny, "-b", "4", "-q")
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
 

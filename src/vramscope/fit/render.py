@@ -44,11 +44,11 @@ def headline(section: dict[str, Any]) -> Text:
     lines = wording.headline_lines(section)
     nothing = lines[0].startswith("Does not fit")
     text = Text(lines[0], style="bold red" if nothing else "bold green")
-    for line in lines[1:3]:
-        text.append(f"\n  {line}")
-    for line in lines[3:]:
-        style = "red" if line.startswith("Not verified") else "yellow"
-        text.append(f"\n{line}", style=style)
+    for line in lines[1:]:
+        if wording.is_warning(line):
+            text.append(f"\n{line}", style="red" if line.startswith("Not verified") else "yellow")
+        else:
+            text.append(f"\n  {line}")
     return text
 
 
@@ -58,9 +58,12 @@ def _headline_block(section: dict[str, Any]) -> list[RenderableType]:
     lines = wording.headline_lines(section)
     nothing = lines[0].startswith("Does not fit")
     block: list[RenderableType] = [Text(lines[0], style="bold red" if nothing else "bold green")]
-    block += [Padding(Text(line), (0, 0, 0, 2)) for line in lines[1:3]]
-    for line in lines[3:]:
-        block.append(Text(line, style="red" if line.startswith("Not verified") else "yellow"))
+    for line in lines[1:]:
+        if wording.is_warning(line):
+            style = "red" if line.startswith("Not verified") else "yellow"
+            block.append(Text(line, style=style))
+        else:
+            block.append(Padding(Text(line), (0, 0, 0, 2)))
     return block
 
 
@@ -203,7 +206,7 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
                 cells += [b(held.get("parameters_bytes")), b(held.get("optimizer_state_bytes"))]
             cells += _peak_cells(r.get("peak"), allocated)
             if saving_column:
-                cells.append(wording.reserved_change(r) if r is not rows[0] else "")
+                cells.append(wording.reserved_change(r, rows[0]) if r is not rows[0] else "")
             cells.append("yes" if r.get("fits") else "no")
             if timed:
                 step = _number(r.get("step_time_s"))

@@ -97,6 +97,8 @@ def target_line(section: dict[str, Any]) -> str:
     used, as nvidia-smi shows it), or a budget (what the allocator may reserve), where the
     GPU only gives the kernels and the CUDA context."""
     target = mapping(section.get("target"))
+    if number(target.get("limit_bytes")) is None or number(target.get("usable_bytes")) is None:
+        return ""  # a section saved without its target
     margin = _margin(section)
     limit = format_bytes(number(target.get("limit_bytes")))
     usable = format_bytes(number(target.get("usable_bytes")))
@@ -138,6 +140,8 @@ def method_line(section: dict[str, Any]) -> str:
             f"said {estimated} with the {margin:.0%} margin, {count(without)} without, from "
             f"{estimates}"
         )
+    if number(section.get("estimates")) is None:
+        return ""  # a section saved without how it was found
     line = f"from the estimator, {estimates}"
     if margin and without:
         capped = without == number(section.get("search_cap")) and without != 0
@@ -180,13 +184,18 @@ def not_monotone_line(section: dict[str, Any]) -> str | None:
     )
 
 
+def is_warning(line: str) -> bool:
+    """Whether a headline line is one of its warnings (not verified, not monotone) rather
+    than the answer's target or method."""
+    return line.startswith(("Not verified", "memory is not monotone"))
+
+
 def headline_lines(section: dict[str, Any]) -> list[str]:
     """The fit's answer as the terminal and the HTML page lead with it: the answer, the
     target, how it was found, then why it is not verified or not monotone, where so."""
-    lines = [answer_line(section), target_line(section), method_line(section)]
-    for extra in (not_verified_line(section), not_monotone_line(section)):
-        if extra:
-            lines.append(extra)
+    lines = [answer_line(section)]
+    lines += [line for line in (target_line(section), method_line(section)) if line]
+    lines += [line for line in (not_verified_line(section), not_monotone_line(section)) if line]
     return lines
 
 
@@ -197,14 +206,14 @@ def change_header(rows: list[dict[str, Any]]) -> str:
     return f"vs {text(first.get('name')) or 'the first'}"
 
 
-def reserved_change(row: dict[str, Any]) -> str:
+def reserved_change(row: dict[str, Any], first: dict[str, Any] | None = None) -> str:
     """A strategy's reserved memory against the first row's, signed as a change: ``-54.4%``
-    (less), ``+0.9%`` (more); blank where it was not estimated."""
+    (less), ``+0.9%`` (more); blank where it was not estimated. From the row's
+    ``saving_pct`` (what ``compare`` computed), or from the two peaks in a file without it."""
     saving = number(mapping(row.get("saving_pct")).get("reserved_bytes"))
+    if saving is None and first is not None:
+        base = number(mapping(first.get("peak")).get("reserved_bytes"))
+        value = number(mapping(row.get("peak")).get("reserved_bytes"))
+        if base and value is not None:
+            saving = 100 * (base - value) / base
     return signed_pct(-saving if saving is not None else None)
-
-
-def compare_headline(section: dict[str, Any]) -> str:
-    """What ``compare``'s "fits" column means, with the defaults that decide it: ``A row
-    fits NVIDIA H200, the default GPU (--gpu to choose): device used ≤ 132.81 GiB …``."""
-    return f"A row {target_line(section)}"

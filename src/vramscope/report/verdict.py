@@ -60,10 +60,13 @@ def sentence(verdict: dict[str, Any]) -> str:
             return f"fits a {format_bytes(budget)} budget: reserved {format_bytes(reserved)}"
         headroom = number(verdict.get("headroom_bytes"))
         pct = number(verdict.get("headroom_pct"))
-        free = f", {format_bytes(headroom)}" + (f" ({pct:.1f}%)" if pct is not None else "")
-        return f"fits on {name}: device used {format_bytes(used)} of {format_bytes(total)}" + (
-            f"{free} free" if headroom is not None else ""
-        )
+        parts = []
+        if used is not None and total is not None:
+            parts.append(f"device used {format_bytes(used)} of {format_bytes(total)}")
+        if headroom is not None:
+            shown = f" ({pct:.1f}%)" if pct is not None else ""
+            parts.append(f"{format_bytes(headroom)}{shown} free")
+        return f"fits on {name}" + (f": {', '.join(parts)}" if parts else "")
     if budget is not None:
         line = f"does not fit a {format_bytes(budget)} budget"
         need = number(needs.get("reserved_bytes"))
@@ -82,6 +85,9 @@ def sentence(verdict: dict[str, Any]) -> str:
             )
         elif used is not None and total is not None:
             line += f": device used {format_bytes(used)} of {format_bytes(total)}"
+        elif (number(verdict.get("headroom_bytes")) or 0) < 0:
+            short = -(number(verdict.get("headroom_bytes")) or 0)
+            line += f": it needs {format_bytes(short)} more than it has"
     where = runs_out(verdict)
     return f"{line}; it runs out {where}" if where else line
 

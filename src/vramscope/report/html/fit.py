@@ -45,7 +45,7 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
         rows = []
         for s in strategies:
             peak = s.get("peak") or {}
-            vs = wording.reserved_change(s) if s is not strategies[0] else ""
+            vs = wording.reserved_change(s, strategies[0]) if s is not strategies[0] else ""
             row = [str(s.get("name", "?"))]
             row += [b(peak.get(f)) if isinstance(peak.get(f), (int, float)) else "" for f in fields]
             row.append(vs)
