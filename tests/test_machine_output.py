@@ -103,7 +103,7 @@ def test_fit_and_compare_json_dash(tiny):
     fit = vramscope("fit", tiny, "--gpu", "h200", "--max-batch-size", "16", "--json", "-")
     assert fit.returncode == 0, fit.stderr
     assert json.loads(fit.stdout)["fit"]["max_batch_size"] == 16
-    assert "Largest batch size: 16" in fit.stderr
+    assert "Largest batch size: at least 16 (the search's cap" in fit.stderr
     compare = vramscope("compare", tiny, "-b", "4", "--strategies", "sgd", "-q", "--json", "-")
     assert compare.returncode == 0, compare.stderr
     rows = json.loads(compare.stdout)["fit"]["strategies"]
