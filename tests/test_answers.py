@@ -18,7 +18,7 @@ import pytest
 from vramscope.fit import wording
 from vramscope.fit.search import Estimator, fit, fit_section, largest_batch, make_target
 from vramscope.fit.strategies import get_strategy
-from vramscope.report.words import change, count, duration, plural, ranges, signed_pct, times
+from vramscope.report.words import a, change, count, duration, plural, ranges, signed_pct, times
 from vramscope.units import format_bytes
 
 GiB = 2**30
@@ -55,6 +55,8 @@ def test_counts_plurals_and_ranges_read_as_a_person_writes_them():
     assert count(1024) == "1,024" and count(None) == "?"
     assert plural(1, "step") == "1 step" and plural(1024, "batch size") == "1,024 batch sizes"
     assert times(1) == "once" and times(2) == "twice" and times(170) == "170 times"
+    assert a("2.00 GiB budget") == "a 2.00 GiB budget" and a("8.00 GiB budget").startswith("an ")
+    assert a("11.00 GiB").startswith("an ") and a("110.00 GiB").startswith("a ")
     assert ranges([[0, 2], [4, 4], [6, 6], [8, 8], [10, 19]]) == "0–2, 4, 6, 8 and 10–19"
     assert ranges(numbers=[1670, 1671, 1672, 1680]) == "1,670–1,672 and 1,680"
     assert ranges([[i, i] for i in range(9)], limit=3) == "0, 1, 2 and 6 more runs"
@@ -317,6 +319,7 @@ WRONG = [
     (r"\b1 (steps|batches|estimates|trials|times)\b", "a singular written as a plural"),
     (r"\b(headroom pct|device used bytes|total bytes|oom at)\b", "a raw key"),
     (r"\w+_(bytes|pct)\b", "a field name in a sentence"),
+    (r"\ba (8|11\b|18\b)", "'a' where the number is read with a vowel"),
 ]
 
 

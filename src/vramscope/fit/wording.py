@@ -9,7 +9,7 @@ from typing import Any
 
 from vramscope.fit.answer import final_answer
 from vramscope.report.freeform import mapping, number, text
-from vramscope.report.words import count, plural, ranges, signed_pct
+from vramscope.report.words import a, count, plural, ranges, signed_pct
 from vramscope.units import format_bytes
 
 
@@ -105,7 +105,7 @@ def target_line(section: dict[str, Any]) -> str:
     kept = f"{margin:.0%} margin kept free" if margin else "no margin"
     if target.get("kind") == "budget":
         gpu = gpu_name(target)
-        line = f"fits a {limit} budget: reserved ≤ {usable} ({kept}); "
+        line = f"fits {a(limit)} budget: reserved ≤ {usable} ({kept}); "
         total = number(target.get("gpu_total_bytes"))
         given = target.get("gpu_given")
         if given is False:
@@ -217,3 +217,9 @@ def reserved_change(row: dict[str, Any], first: dict[str, Any] | None = None) ->
         if base and value is not None:
             saving = 100 * (base - value) / base
     return signed_pct(-saving if saving is not None else None)
+
+
+def compare_headline(section: dict[str, Any]) -> str:
+    """What ``compare``'s "fits" column means, with the defaults that decide it: ``A row
+    fits NVIDIA H200, the default GPU (--gpu to choose): device used ≤ 132.81 GiB …``."""
+    return f"A row {target_line(section)}"

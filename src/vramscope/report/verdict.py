@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramscope.report.freeform import mapping, number, text
+from vramscope.report.words import a
 from vramscope.units import format_bytes
 
 
@@ -57,7 +58,7 @@ def sentence(verdict: dict[str, Any]) -> str:
     if verdict.get("fits"):
         if budget is not None:
             reserved = number(verdict.get("reserved_bytes"))
-            return f"fits a {format_bytes(budget)} budget: reserved {format_bytes(reserved)}"
+            return f"fits {a(format_bytes(budget))} budget: reserved {format_bytes(reserved)}"
         headroom = number(verdict.get("headroom_bytes"))
         pct = number(verdict.get("headroom_pct"))
         parts = []
@@ -68,7 +69,7 @@ def sentence(verdict: dict[str, Any]) -> str:
             parts.append(f"{format_bytes(headroom)}{shown} free")
         return f"fits on {name}" + (f": {', '.join(parts)}" if parts else "")
     if budget is not None:
-        line = f"does not fit a {format_bytes(budget)} budget"
+        line = f"does not fit {a(format_bytes(budget))} budget"
         need = number(needs.get("reserved_bytes"))
         if need is not None:
             line += (

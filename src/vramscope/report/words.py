@@ -6,6 +6,7 @@ Pure functions of numbers; no torch, no report. Sizes are :func:`vramscope.units
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 DASH = "–"  # between the ends of a range: 0–2, 10–19
@@ -22,6 +23,18 @@ def plural(n: int | float, singular: str, many: str | None = None) -> str:
     """``1 step``, ``2 steps``, ``1,024 batch sizes``; ``many`` for irregular plurals."""
     word = singular if n == 1 else (many if many is not None else singular + "s")
     return f"{count(n)} {word}"
+
+
+def a(phrase: str) -> str:
+    """``phrase`` with its indefinite article, as a number in it is read aloud: ``a 2.00 GiB
+    budget``, ``an 8.00 GiB budget``, ``an 11 GiB budget``, ``an 800 MiB cap``."""
+    number = re.match(r"\s*([\d,]+)", phrase)
+    if number:  # eight, eighty, eight hundred, eleven, eighteen, eleven thousand …
+        digits = number.group(1).replace(",", "")
+        vowel = digits[:1] == "8" or (len(digits) % 3 == 2 and digits[:2] in ("11", "18"))
+    else:
+        vowel = phrase.lstrip()[:1].lower() in "aeio"  # not "u": a user
+    return f"{'an' if vowel else 'a'} {phrase}"
 
 
 def times(n: int) -> str:
