@@ -180,7 +180,7 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
     noted = any(r.get("error") or r.get("skipped") for r in rows)
 
     state = any(isinstance(r.get("model_state"), dict) for r in rows)
-    change = wording.change_header(rows)
+    change = wording.change_header(rows).replace(" ", "\n", 1)  # "vs\nbaseline": narrow
 
     def table(allocated: bool, held_columns: bool, saving_column: bool = True) -> Table:
         columns = ["strategy"] + ["parameters", "optimizer"] * held_columns

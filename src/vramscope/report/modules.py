@@ -35,7 +35,7 @@ from vramscope.tracking.events import (
     EventLog,
     allocator_block_sizes,
 )
-from vramscope.tracking.marking import FIRST_STEPS, PROBE_EVERY, expand
+from vramscope.tracking.marking import FIRST_STEPS, PROBE_EVERY, SETTLED, expand
 
 CATEGORIES = CATEGORY_NAMES
 OUTSIDE = "(outside modules)"
@@ -514,7 +514,10 @@ def _marking_why(schedule: dict[str, Any]) -> str:
     policy, interval = schedule.get("policy"), schedule.get("interval")
     first = f"the first {plural(FIRST_STEPS, 'step')}"
     if policy == "auto":
-        timed = f"{first}, then every other step while their cost was timed, then "
+        timed = f"{first}, then every other step while their cost was timed"
+        if (schedule.get("steps") or 0) <= SETTLED:  # the run ended before a spacing was set
+            return timed
+        timed += ", then "
         if interval == 1:
             return timed + f"every step but one in {PROBE_EVERY} (they add under 2% to a step)"
         return timed + f"one step in every {interval}, which keeps their cost near 2% of a step"
