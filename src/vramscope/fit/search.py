@@ -743,6 +743,8 @@ def fit_sequence(
         step=axis.step,
         batch_size=batch_size,
         max_seq_len_cap=axis.length(cap),
+        # where the cap came from: --max-seq-len, the model's positions, or the default
+        cap_from="option" if max_seq_len else "positions" if axis.longest() else "default",
         new_tokens=new or None,
     )
     report = est.report(max(found.best, 1))

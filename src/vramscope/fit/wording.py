@@ -61,13 +61,22 @@ def _sequence_line(section: dict[str, Any]) -> str:
         what = "prompt length" if new else "sequence length"
         return _nothing_fits(section, f"{what} {count(step)}", "needed_at_shortest_bytes")
     shown = count(best) if best is not None else "?"
+    note = ""
     if section.get("capped"):
-        cap = count(number(section.get("max_seq_len_cap")) or best)
-        shown = f"at least {cap} (the search's cap: the model's positions or --max-seq-len)"
+        cap_from = section.get("cap_from")
+        if cap_from == "positions":
+            note = " (the longest the model's positions allow)"
+        else:
+            shown = f"at least {shown}"
+            note = (
+                " (the search's cap, --max-seq-len)"
+                if cap_from == "option"
+                else " (the search's cap; --max-seq-len to look further)"
+            )
     if new:
         total = f" + {count(new)} new = {count((best or 0) + new)} tokens" if best else ""
-        return f"Longest prompt: {shown}{total}{batch}"
-    return f"Longest sequence: {shown} tokens{batch}"
+        return f"Longest prompt: {shown}{total}{batch}{note}"
+    return f"Longest sequence: {shown} tokens{batch}{note}"
 
 
 def _nothing_fits(section: dict[str, Any], smallest: str, key: str) -> str:
