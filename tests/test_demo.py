@@ -129,7 +129,7 @@ def test_largest_batch_is_where_the_estimate_stops_fitting(demo):
             usable = section["target"]["usable_bytes"]
             assert curve[best]["fits"] and curve[best]["peak"]["device_used_bytes"] <= usable
             assert not curve[best + 1]["fits"], (spec, gpu)
-            assert section["estimates"] <= 8, (spec, gpu)  # the demo stays fast
+            assert section["estimates"] <= 48, (spec, gpu)  # the window below the answer included
     on_4090 = demo["data"]["estimates"]["example:gpt"]["rtx4090"]["fit"]["max_batch_size"]
     assert fit("example:gpt", gpu="rtx4090").extra["fit"]["max_batch_size"] == on_4090
     cells = row(demo["stdout"], "largest batch that fits", "Estimated for NVIDIA GeForce")
@@ -141,7 +141,7 @@ def test_html_reports_are_written_and_named(demo):
     for name in ("cnn", "gpt"):
         page = (folder / f"vramscope-demo-{name}.html").read_text()
         best = demo["data"]["estimates"][f"example:{name}"]["h100-80gb"]["fit"]["max_batch_size"]
-        assert f"Largest batch that fits: {best}" in page
+        assert f"Largest batch size: {best:,}" in page
     assert "vramscope-demo-cnn.html · vramscope-demo-gpt.html" in demo["stdout"]
 
 

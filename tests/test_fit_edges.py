@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from vramscope.estimate.allocator import events_from_device_trace, replay
-from vramscope.fit.search import Estimator, _at_the_edges, lowest_safe, make_target
+from vramscope.fit.search import Estimator, _at_the_edges, lowest_failure, make_target
 from vramscope.fit.strategies import get_strategy
 
 DATA = Path(__file__).parent / "data"
@@ -88,12 +88,37 @@ def test_the_capped_estimate_runs_out_where_the_gpu_did(cnn_2g, batch):
     assert abs(peak.allocated_bytes - RECORDED[2][batch]["allocated_bytes"]) <= 2**20
 
 
-def test_the_answer_stays_below_two_batches_that_run_out():
+def test_the_answer_stays_below_the_lowest_batch_that_runs_out():
+    """From 225 (the first batch the H200 ran out at from above), every batch of the window
+    below is looked at: 218 and 219 run out, so the answer is 217."""
     calls: list[int] = []
-    assert lowest_safe(_runs(2, calls), 224) == 217
-    assert 218 in calls and 219 in calls
-    # a single batch that runs out among ones that run is noise, not an edge
-    assert lowest_safe(lambda b: b != 675, 693) == 693
+    assert lowest_failure(_runs(2, calls), 225) == 218
+    assert set(range(217, 225)) <= set(calls)
+
+
+def test_a_single_batch_that_runs_out_below_others_that_run_counts():
+    """Every batch up to the answer must fit: one that runs out among ones that run ends the
+    answer below it. The 8 batch sizes below one that runs out are each looked at, then
+    every third down to 3% of it (24 at most)."""
+    assert lowest_failure(lambda b: b != 688 and b < 694, 694) == 688
+    assert lowest_failure(lambda b: b != 677 and b < 694, 694) == 677  # every third: 683 … 674
+    calls: list[int] = []
+    lowest_failure(lambda b: calls.append(b) or b < 694, 694)
+    assert calls == [*range(693, 685, -1), 683, 680, 677, 674]
+
+
+def test_batches_that_run_out_at_a_regular_spacing_are_followed_down_as_a_class():
+    """The estimate of the example CNN on an RTX 4090 needs one more segment at every eighth
+    batch size: from 1,670 on those run out while their neighbours fit up to 1,745. The
+    search follows the class down in a few estimates instead of one window at a time."""
+    calls: list[int] = []
+
+    def fits(b: int) -> bool:
+        calls.append(b)
+        return b <= 1745 and not (b % 8 == 6 and b >= 1670)
+
+    assert lowest_failure(fits, 1746) == 1670
+    assert len(set(calls)) <= 40  # the windows below 1,746, the class, and below its lowest
 
 
 def test_verify_confirms_an_exact_estimate_in_two_trials():

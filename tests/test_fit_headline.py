@@ -54,8 +54,12 @@ def test_an_estimate_only_fit_answers_with_the_estimate_and_says_so():
         "margin_applied": True,
     }
     assert schema.errors(data) == []
-    text = headline(section).plain
-    assert text.startswith("Largest batch size: 211  (without the 5% margin: 217; estimate")
+    lines = headline(section).plain.splitlines()
+    assert lines[0] == "Largest batch size: 211"
+    assert lines[1].startswith(
+        "  fits a 2.00 GiB budget: reserved ≤ 1.90 GiB (5% margin kept free)"
+    )
+    assert lines[2] == "  without the margin: 217 · from the estimator, 63 estimates"
 
 
 def test_a_verified_fit_answers_with_the_trials_and_keeps_the_estimate_beside_it():
@@ -72,10 +76,11 @@ def test_a_verified_fit_answers_with_the_trials_and_keeps_the_estimate_beside_it
         "margin_applied": False,
     }
     assert section["max_batch_size"] == 211  # the estimate's key is kept as it was
-    text = headline(section).plain
-    assert text == (
-        "Largest batch size: 217  (verified with 2 real trials at the full budget; the "
-        "estimate said 211 with the 5% margin, 217 without, from 63 estimates)"
+    lines = headline(section).plain.splitlines()
+    assert lines[0] == "Largest batch size: 217"
+    assert lines[2] == (
+        "  verified with 2 real trials at the full budget; the estimate said 211 with the 5% "
+        "margin, 217 without, from 63 estimates"
     )
     assert "Verified with" not in str(render_fit(section))  # no second, competing answer
 
@@ -84,7 +89,7 @@ def test_a_report_saved_before_the_answer_key_gets_the_same_headline():
     section = saved_fit()["fit"]
     section["verify"] = recorded_verify([218, 225])
     del section["answer"]
-    assert headline(section).plain.startswith("Largest batch size: 217  (verified with 2")
+    assert headline(section).plain.splitlines()[2].startswith("  verified with 2 real trials")
 
 
 def test_a_failed_verification_leaves_the_estimate_as_the_answer():
@@ -96,8 +101,8 @@ def test_a_failed_verification_leaves_the_estimate_as_the_answer():
     section["answer"] = final_answer(section)
     assert section["answer"]["source"] == "estimate"
     lines = headline(section).plain.splitlines()
-    assert lines[0].startswith("Largest batch size: 211  (without the 5% margin: 217")
-    assert lines[1] == (
+    assert lines[0] == "Largest batch size: 211"
+    assert lines[3] == (
         "Not verified: trial at batch 218 crashed (not an OOM): x; the answer is the estimate's"
     )
 
@@ -125,7 +130,8 @@ def test_the_html_report_leads_with_the_verified_answer_too():
     section["verify"] = recorded_verify([218, 225])
     section["answer"] = final_answer(section)
     page = html.render(report)
+    assert "Largest batch size: 217" in page
     assert (
-        "Largest batch that fits: 217 (budget 2.00 GiB), verified with 2 real trials; "
-        "the estimate said 211" in page
+        "verified with 2 real trials at the full budget; the estimate said 211 with the 5% "
+        "margin, 217 without, from 63 estimates" in page
     )

@@ -429,9 +429,7 @@ def test_fit_seq_len_answers_the_longest_sequence_that_fits(tiny):
     assert all(
         not p["fits"] for n, p in points.items() if n > section["max_seq_len_without_margin"]
     )
-    assert report.findings[0].message.startswith(
-        f"longest sequence length that fits at batch 4: {best}"
-    )
+    assert report.findings[0].message.startswith(f"Longest sequence: {best:,} tokens at batch 4; ")
 
     capped = fit_sequence(spec, gpu="h100", batch_size=1, max_seq_len=64)
     assert capped.extra["fit"]["max_seq_len"] == 64 and capped.extra["fit"]["capped"]
@@ -442,7 +440,10 @@ def test_fit_seq_len_of_generation_searches_the_prompt_on_the_command_line(tiny,
     args = ["fit", spec, "--seq-len", "--gpu", "h100", "-b", "2", "--max-seq-len", "40"]
     proc = cli(args, capsys)
     assert proc.returncode == 0, proc.stderr
-    assert "Longest prompt: 32 + 24 new = 56 tokens" in " ".join(proc.stdout.split())
+    assert (
+        "Longest prompt: at least 32 + 24 new = 56 tokens at batch 2 (the search's cap, "
+        "--max-seq-len)" in " ".join(proc.stdout.split())
+    )
     with pytest.raises(VramscopeError, match="reads text"):
         from vramscope.fit.search import fit_sequence
 

@@ -372,9 +372,10 @@ def test_estimates_show_the_verdict_validation_and_fit():
         ],
     }
     page = html.render(report)
-    assert "Fits on NVIDIA A100 80GB with 10.00 GiB headroom" in page
+    assert "Fits on NVIDIA A100 80GB: 10.00 GiB free" in page
     assert "+3.4%" in page  # estimated against measured, allocated
-    assert "Largest batch that fits: 48" in page and "-38%" in page
+    # the fit's headline, and reserved memory against the baseline's: 6 GiB against 9 GiB
+    assert "Largest batch size: 48" in page and "-33.3%" in page
     charts = figures(page)
     assert {"chart-validation", "chart-strategies", "chart-fit-curve"} <= set(charts)
 

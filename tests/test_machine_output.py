@@ -94,7 +94,7 @@ def test_estimate_json_dash_puts_the_verdict_on_stderr(tiny):
     proc = vramscope("estimate", tiny, "-b", "4", "--json", "-")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["verdict"]["fits"] is True
-    assert "vramscope: fits on h200" in proc.stderr
+    assert "vramscope: fits on NVIDIA H200" in proc.stderr
     quiet = vramscope("estimate", tiny, "-b", "4", "-q")
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
 
@@ -103,7 +103,7 @@ def test_fit_and_compare_json_dash(tiny):
     fit = vramscope("fit", tiny, "--gpu", "h200", "--max-batch-size", "16", "--json", "-")
     assert fit.returncode == 0, fit.stderr
     assert json.loads(fit.stdout)["fit"]["max_batch_size"] == 16
-    assert "Largest batch size: 16" in fit.stderr
+    assert "Largest batch size: at least 16 (the search's cap" in fit.stderr
     compare = vramscope("compare", tiny, "-b", "4", "--strategies", "sgd", "-q", "--json", "-")
     assert compare.returncode == 0, compare.stderr
     rows = json.loads(compare.stdout)["fit"]["strategies"]

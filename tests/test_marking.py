@@ -13,6 +13,7 @@ import vramscope
 from test_attribution import TinyLM, rows_by_name
 from test_cli import vramscope as vramscope_cli
 from vramscope.errors import VramscopeError
+from vramscope.report.words import ranges
 from vramscope.tracking import hooks
 from vramscope.tracking.events import ENTER, STEP
 from vramscope.tracking.marking import (
@@ -23,7 +24,6 @@ from vramscope.tracking.marking import (
     MarkerSchedule,
     check_policy,
     compress,
-    describe,
 )
 
 
@@ -84,8 +84,8 @@ def test_policies_are_checked_and_ranges_are_written_short():
         with pytest.raises(VramscopeError, match="module steps must be"):
             check_policy(bad)
     assert compress([0, 1, 2, 6, 10, 11]) == [[0, 2], [6, 6], [10, 11]]
-    assert describe([[0, 2], [6, 6], [10, 10]]) == "0-2, 6, 10"
-    assert describe([[i, i] for i in range(9)], limit=3) == "0, 1, 2 and 6 more"
+    assert ranges([[0, 2], [6, 6], [10, 10]]) == "0–2, 6 and 10"
+    assert ranges([[i, i] for i in range(9)], limit=3) == "0, 1, 2 and 6 more runs"
 
 
 def train_batches(model: nn.Module, batches: list[int], seq: int = 16) -> list[float]:
@@ -134,7 +134,8 @@ def test_steps_without_markers_place_none_and_leave_module_tables_unchanged():
     assert attribution["module_steps"]["unmarked_steps"] == 7
     assert attribution["module_peak"] is None  # the peak is in a marked step
     assert any(
-        "module markers were placed in 5 of 12 steps" in n
+        "module markers were placed in 5 of 12 steps (0–2, 6 and 10): the first 3 steps, then "
+        "one step in every 4" in n
         for n in report.extra["attribution_notes"]
     )
     rows, ref_rows = rows_by_name(report), rows_by_name(reference)

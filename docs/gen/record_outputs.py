@@ -57,6 +57,7 @@ class Recording:
     shown: str = ""  # the command line shown, when it is not `vramscope ARGS`
     python: str = ""  # run this Python code instead of the CLI (with WIDTH as argv[1])
     before: tuple[tuple[str, ...], ...] = ()  # commands run (and shown) first
+    code: int = 0  # the exit code it ends with (docs/exit-codes.md): 1 for "does not fit"
 
 
 GPT_ON_H100 = ("example:gpt", "--gpu", "h100-80gb")  # the estimates the pages show
@@ -166,7 +167,8 @@ def record(rec: Recording, folder: Path) -> str:
         proc = subprocess.run(
             argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        if proc.returncode != 0:
+        expected = rec.code if args is rec.args else 0
+        if proc.returncode != expected:
             raise SystemExit(f"{rec.name}: exit code {proc.returncode}\n{proc.stdout[-3000:]}")
         shown = rec.shown if rec.shown and args is rec.args else "vramscope " + shlex.join(args)
         text += f"$ {shown}\n{proc.stdout}"

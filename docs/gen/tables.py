@@ -734,3 +734,29 @@ def oracle_cpu(root: Path) -> str:
 @table("oracle-h200")
 def oracle_h200(root: Path) -> str:
     return _oracle(root, "peak_oracle_h200.json")
+@table("exit-codes")
+def exit_codes(root: Path) -> str:
+    """The exit codes, from the one policy the commands use (``vramscope.cli.exits``)."""
+    import ast
+
+    tree = ast.parse((root / "src" / "vramscope" / "cli" / "exits.py").read_text(encoding="utf-8"))
+    codes = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "EXIT_CODES" for t in node.targets)
+    )
+    names = {
+        node.targets[0].id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, int)
+    }
+    rows = []
+    for pair in codes.elts:
+        code, meaning = pair.elts
+        number = names[code.id] if isinstance(code, ast.Name) else code.value
+        rows.append([f"`{number}`", meaning.value])
+    return markdown(["code", "meaning"], rows, align="rl")

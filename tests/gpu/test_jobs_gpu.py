@@ -62,10 +62,15 @@ def test_fit_verify_headline_is_the_verified_answer(tmp_path):
     assert answer["real_trials"] == len(section["verify"]["trials"])
     statuses = {t["batch_size"]: t["status"] for t in section["verify"]["trials"]}
     assert statuses[answer["max_batch_size"]] == "fits"
-    headline = next(line for line in proc.stdout.splitlines() if line.startswith("Largest"))
-    assert headline.startswith(
-        f"Largest batch size: {answer['max_batch_size']}  (verified with "
-        f"{answer['real_trials']} real trials at the full budget; the estimate said "
-        f"{section['max_batch_size']} with the 5% margin"
+    lines = proc.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Largest"))
+    assert lines[at] == f"Largest batch size: {answer['max_batch_size']:,}"
+    assert (
+        lines[at + 2]
+        .strip()
+        .startswith(
+            f"verified with {answer['real_trials']} real trials at the full budget; the estimate "
+            f"said {section['max_batch_size']:,} with the 5% margin"
+        )
     )
     assert "Verified with" not in proc.stdout

@@ -14,6 +14,8 @@ from vramscope.cli.common import (
     say,
     tuning_options,
 )
+from vramscope.cli.exits import answers
+from vramscope.report.model import Report
 
 
 @click.command(short_help="Memory-saving strategies or model variants side by side.")
@@ -29,6 +31,7 @@ from vramscope.cli.common import (
 @click.option("--estimate-only", is_flag=True, help="Estimate even when a GPU is present.")
 @parallel_options(each_strategy=True)
 @output_options
+@answers
 def command(
     workloads: tuple[str, ...],
     batch_size: int,
@@ -47,7 +50,7 @@ def command(
     trace_path: str | None,
     csv_path: str | None,
     quiet: bool,
-) -> None:
+) -> Report:
     """Compare memory-saving strategies for one WORKLOAD (baseline, bf16-mixed, 16-mixed,
     checkpointing, accumulation, expandable segments, optimizer choices, ...), measured on
     this GPU in fresh processes when there is one, estimated otherwise; or compare several
@@ -78,3 +81,4 @@ def command(
         parallel_each=parallel_each,
     )
     emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)
+    return report

@@ -19,9 +19,12 @@ from vramscope.cli.common import (
     parallel_options,
     workload_options,
 )
+from vramscope.cli.exits import answers
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
 from vramscope.report.validation import validation
+from vramscope.report.verdict import sentence as verdict_sentence
+from vramscope.stops import partial_on_stop
 from vramscope.units import format_bytes, parse_size
 
 
@@ -50,6 +53,7 @@ from vramscope.units import format_bytes, parse_size
 )
 @parallel_options
 @output_options
+@answers
 def command(
     workload: str | None,
     batch_size: int,
@@ -67,16 +71,15 @@ def command(
     trace_path: str | None,
     csv_path: str | None,
     quiet: bool,
-) -> None:
+) -> Report | None:
     """Trace real steps of WORKLOAD (path/to/file.py:function, example:gpt, hf:gpt2, ...)
     with fake tensors on an emulated GPU and predict peak allocated, reserved and device-used
     memory, with a verdict: does it fit, and with how much room. Needs no GPU."""
-    from vramscope.estimate.profiles import PROFILES, get_profile
+    from vramscope.estimate.profiles import get_profile, list_text
 
     if list_gpus:
-        for profile in PROFILES:
-            click.echo(profile.describe())
-        return
+        click.echo(list_text())
+        return None
     if not workload:
         raise click.UsageError("missing WORKLOAD (or give --list-gpus)")
     profile = get_profile(gpu)  # unknown names fail here, before any work
@@ -92,47 +95,50 @@ def command(
     check_paths(json_path, html_path, trace_path, csv_path)
     from vramscope.estimate.estimator import estimate
 
-    report = estimate(
-        workload,
-        batch_size=batch_size,
-        gpu=profile,
-        precision=precision,
-        accumulate=accumulate,
-        allocator_config=allocator_config,
-        memory=memory,
-        steps=steps,
-        parallel=parallel,
-    )
-    if validate:
-        report.extra["validation"] = validate_report(
-            report, workload, batch_size, precision, accumulate, allocator_config
+    with partial_on_stop(lambda: _request(workload, batch_size, profile)):
+        report = estimate(
+            workload,
+            batch_size=batch_size,
+            gpu=profile,
+            precision=precision,
+            accumulate=accumulate,
+            allocator_config=allocator_config,
+            memory=memory,
+            steps=steps,
+            parallel=parallel,
         )
+        if validate:
+            report.extra["validation"] = validate_report(
+                report, workload, batch_size, precision, accumulate, allocator_config
+            )
     emit(report, json_path, html_path, trace_path, csv_path, quiet)
     if not quiet:
         click.echo(verdict_line(report))
         if validate:
             click.echo(validation_table(report.extra["validation"]))
+    return report
+
+
+def _request(workload: str, batch_size: int, profile: Any) -> Report:
+    """What an estimate stopped before its answer has to say: what was asked."""
+    return Report(
+        kind="estimated",
+        workload={"spec": workload, "batch_size": batch_size},
+        device={"type": "cuda", "name": profile.display_name, "profile": profile.name},
+    )
 
 
 def verdict_line(report: Report) -> str:
+    """The estimate's last line: the verdict's sentence, and where the peak is when it fits
+    (where it runs out is in the sentence when it does not)."""
     v = report.extra["verdict"]
     where = ""
-    if report.peak.step is not None:
-        where = f"; peak allocated in step {report.peak.step}, {report.peak.phase}"
-    used = format_bytes(v["device_used_bytes"])
-    total = format_bytes(v["total_bytes"])
+    if v.get("fits") and report.peak.step is not None:
+        where = f"; the peak is in the {report.peak.phase} phase of step {report.peak.step}"
     job = report.extra.get("distributed")
     if isinstance(job, dict) and job.get("estimated"):
         where += f" (per rank: rank {job.get('rank')} of {job.get('summary')})"
-    if v["fits"]:
-        return (
-            f"vramscope: fits on {v['gpu']}: {used} of {total}, headroom "
-            f"{format_bytes(v['headroom_bytes'])} ({v['headroom_pct']:.1f}%){where}"
-        )
-    return (
-        f"vramscope: does NOT fit on {v['gpu']}: needs {used} of {total} "
-        f"({format_bytes(-v['headroom_bytes'])} over){where}"
-    )
+    return f"vramscope: {verdict_sentence(v)}{where}"
 
 
 def _check_can_validate() -> None:

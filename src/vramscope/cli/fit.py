@@ -15,7 +15,9 @@ from vramscope.cli.common import (
     say,
     tuning_options,
 )
+from vramscope.cli.exits import answers
 from vramscope.errors import VramscopeError
+from vramscope.report.model import Report
 
 
 @click.command(short_help="The largest batch size that fits a GPU or a budget.")
@@ -57,6 +59,7 @@ from vramscope.errors import VramscopeError
 )
 @parallel_options
 @output_options
+@answers
 def command(
     workload: str,
     gpu: str | None,
@@ -77,7 +80,7 @@ def command(
     trace_path: str | None,
     csv_path: str | None,
     quiet: bool,
-) -> None:
+) -> Report:
     """Find the largest batch size of WORKLOAD that fits --gpu NAME (device used) or
     --budget SIZE (reserved), from the estimator alone, in seconds, with no GPU needed.
     With --verify, real trials on this machine's GPU confirm it, and the verified batch
@@ -111,7 +114,7 @@ def command(
             workload, batch_size=batch_size or 1, max_seq_len=max_seq_len, **common
         )
         emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)
-        return
+        return report
     if batch_size is not None or max_seq_len is not None:
         raise VramscopeError(
             f"{'--batch-size' if batch_size is not None else '--max-seq-len'} goes with "
@@ -138,3 +141,4 @@ def command(
         **common,
     )
     emit(report, json_path, html_path, trace_path, csv_path, quiet, render=render_fit_report)
+    return report

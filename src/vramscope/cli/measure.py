@@ -7,6 +7,7 @@ import sys
 import click
 
 from vramscope.cli.common import check_paths, emit, output_options, workload_options
+from vramscope.cli.exits import exit_code
 from vramscope.cli.run import detail_options, interval_option
 from vramscope.tracking.runner import StopSignals, measure
 
@@ -70,11 +71,17 @@ def command(
         emit(report, json_path, html_path, trace_path, csv_path, quiet)
         if report.extra.get("snapshot") and not quiet:
             click.echo(f"vramscope: wrote {report.extra['snapshot']}", err=True)
-    if report.exit.status != "ok":
-        click.echo(
-            f"vramscope: the run ended early ({report.exit.status}): {report.exit.error}", err=True
-        )
-        sys.exit(report.exit.code or 1)
-    if stops.received is not None:
+    if stops.received is not None and report.exit.status == "ok":
         click.echo(f"vramscope: {stops.received} after the steps ended", err=True)
         sys.exit(stops.received.exit_code)
+    if report.exit.status != "ok":
+        said = {
+            "oom": "ran out of memory",
+            "interrupted": "was interrupted (Ctrl-C)",
+            "terminated": f"was {report.exit.error or 'stopped'}",
+        }.get(report.exit.status, f"failed: {report.exit.error}")
+        partial = "; the report is partial" if report.exit.status != "oom" else ""
+        click.echo(f"vramscope: the workload {said}{partial}", err=True)
+    code = exit_code(report)  # 0 fits, 1 out of memory, 2 the workload failed, 130/143 stopped
+    if code:
+        sys.exit(code)

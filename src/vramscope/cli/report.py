@@ -12,6 +12,21 @@ from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
 
 
+def reworded(report: Report) -> Report:
+    """A saved report with its sentences made again from its numbers (a file written by an
+    older version says them in today's words): the findings, and an estimate's verdict."""
+    from vramscope.report.findings import reword
+    from vramscope.report.verdict import sentence
+
+    reword(report)
+    verdict = report.extra.get("verdict")
+    if isinstance(verdict, dict) and isinstance(verdict.get("fits"), bool):
+        for finding in report.findings:
+            if finding.kind == "verdict":
+                finding.message = sentence(verdict)
+    return report
+
+
 def _labels(a: str, b: str) -> tuple[str, str]:
     """Short names for the two files: their names, or their paths when the names agree."""
     name_a, name_b = Path(a).name, Path(b).name
@@ -42,7 +57,7 @@ def command(
     what the peak is made of, each phase and module, with absolute and % changes;
     --html and --json then write the diff.
     """
-    report = Report.load(path)
+    report = reworded(Report.load(path))
     if diff_path is None:
         emit(report, json_path, html_path, trace_path, csv_path, quiet)
         return

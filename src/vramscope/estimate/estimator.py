@@ -42,6 +42,7 @@ from vramscope.report.model import (
     Startup,
     StepStats,
 )
+from vramscope.report.verdict import sentence as verdict_sentence
 from vramscope.units import format_bytes, parse_size
 from vramscope.workload import Builder, normalize_precision, resolve
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from vramscope.distributed.sharding import ParallelPlan
 
 MAX_SIMULATED_STEPS = 8
+UNBOUNDED_BYTES = 1 << 62  # the memory of "a GPU large enough": what a step needs, unbounded
 MIN_SIMULATED_STEPS = 3
 _KIND_TO_COLUMN = {
     "parameter": "parameters_bytes",
@@ -246,8 +248,31 @@ def replay_report(
     if reserved_limit is not None:
         capacity = min(capacity, reserved_limit)
     result = replay_trace(trace, config, capacity, total)
-    report = _report(spec, batch_size, profile, total, config, config_text, trace, result)
+    needs = None
+    if result.oom:  # what the step needs on a GPU large enough: the same replay, unbounded
+        unbounded = replay_trace(trace, config, UNBOUNDED_BYTES, total)
+        reserved = max(unbounded.peak_reserved, unbounded.after_build_reserved)
+        needs = {
+            "allocated_bytes": unbounded.peak_allocated,
+            "reserved_bytes": reserved,
+            "device_used_bytes": reserved + context,
+        }
+    report = _report(
+        spec, batch_size, profile, total, config, config_text, trace, result, needs, reserved_limit
+    )
     return report, result
+
+
+def _context_words(profile: GpuProfile, trace: Trace) -> str:
+    """The context an estimate adds, in the words ``estimate --list-gpus`` uses."""
+    text = profile.describe_context(
+        training=trace.backward_ran,
+        cudnn="cudnn" in trace.libraries,
+        cudnn_backward="cudnn_backward" in trace.libraries,
+    )
+    if trace.communicator_bytes:
+        text += f", and {format_bytes(trace.communicator_bytes)} for NCCL's communicators"
+    return text
 
 
 def context_bytes(profile: GpuProfile, trace: Trace) -> int:
@@ -295,6 +320,7 @@ class Replay:
     oom: bool = False
     oom_request: int | None = None
     oom_where: tuple[int, str] | None = None
+    oom_reserved: int | None = None  # reserved when the first request failed
     num_alloc_retries: int = 0
     fallbacks: int = 0  # allocations that ran out and took a kernel's smaller variant
     num_segments: int = 0
@@ -385,6 +411,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                 failed.add(key)
                 if not out.oom:
                     out.oom, out.oom_request, out.oom_where = True, size, where
+                    out.oom_reserved = sim.reserved_bytes
                 return
         sizes[key] = size
         log((_ALLOC, key, size))
@@ -589,6 +616,8 @@ def _report(
     config_text: str | None,
     trace: Trace,
     result: Replay,
+    needs: dict[str, int] | None = None,
+    reserved_limit: int | None = None,
 ) -> Report:
     context = context_bytes(profile, trace)
     report = Report(
@@ -678,16 +707,22 @@ def _report(
         "headroom_pct": round(100.0 * headroom / total, 2),
         "total_bytes": total,
         "gpu": profile.name,
+        "gpu_name": profile.display_name,
         "device_used_bytes": used,
+        "reserved_bytes": peak_reserved,
+        "reserved_limit_bytes": reserved_limit,
         "oom_at": (
             {
                 "step": result.oom_where[0],
                 "phase": result.oom_where[1],
                 "request_bytes": result.oom_request,
+                "reserved_bytes": result.oom_reserved,
             }
             if result.oom and result.oom_where
             else None
         ),
+        # when it does not fit: the peaks of the same steps on a GPU large enough
+        "needs": needs,
     }
     report.extra["estimate"] = {
         "gpu": profile.name,
@@ -842,42 +877,17 @@ def _modules(trace: Trace, result: Replay, depth: int = 2, limit: int = 40) -> l
 
 def _estimate_findings(report: Report, profile: GpuProfile, trace: Trace, result: Replay) -> None:
     verdict = report.extra["verdict"]
-    total = verdict["total_bytes"]
-    used = verdict["device_used_bytes"]
-    if verdict["fits"]:
-        report.findings.insert(
-            0,
-            Finding(
-                "verdict",
-                "info",
-                f"fits on {profile.display_name}: {format_bytes(used)} of "
-                f"{format_bytes(total)}, headroom {format_bytes(verdict['headroom_bytes'])} "
-                f"({verdict['headroom_pct']:.1f}%)",
-            ),
-        )
-    else:
-        where = ""
-        if result.oom_where:
-            where = (
-                f"; it runs out in the {result.oom_where[1]} phase of step {result.oom_where[0]}"
-            )
-        report.findings.insert(
-            0,
-            Finding(
-                "verdict",
-                "error",
-                f"does not fit on {profile.display_name}: needs {format_bytes(used)} of "
-                f"{format_bytes(total)}{where}",
-            ),
-        )
+    report.findings.insert(
+        0,
+        Finding("verdict", "info" if verdict["fits"] else "error", verdict_sentence(verdict)),
+    )
     if not profile.calibrated:
         report.findings.append(
             Finding(
                 "uncalibrated",
                 "info",
-                f"the {profile.name} profile is uncalibrated: device used adds a guessed "
-                f"{format_bytes(report.startup.context_and_libraries_bytes)} for the CUDA context and "
-                "libraries",
+                f"the {profile.name} profile is uncalibrated: what it adds to device used for "
+                f"the CUDA context and libraries, {_context_words(profile, trace)}, is a guess",
             )
         )
     for item in trace.data_dependent[:5]:

@@ -13,9 +13,11 @@ context, and say so: ``profile.calibrated`` is False and ``profile.note`` explai
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from vramscope.errors import VramscopeError
+from vramscope.units import format_bytes
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -96,12 +98,57 @@ class GpuProfile:
         return 4096 * 1024 * 2 + 16 * 1024 * 8
 
     def describe(self) -> str:
-        cc = f"sm{self.sm}"
+        """A line of ``estimate --list-gpus``: name, memory, architecture and the context a
+        training step's estimate adds, in the figures an estimate's report shows."""
         cal = "calibrated" if self.calibrated else "uncalibrated"
         return (
-            f"{self.name:<11} {self.display_name:<28} {self.total_bytes / GiB:7.2f} GiB  {cc:<6} "
-            f"context {self.context_and_libraries_bytes / MiB:5.0f} MiB ({cal})"
+            f"{self.name:<11} {self.display_name:<25} {format_bytes(self.total_bytes):>10}  "
+            f"sm{self.sm:<4} {format_bytes(self.context_and_libraries_bytes):>10}  {cal}"
         )
+
+    def context_parts(
+        self, training: bool = True, cudnn: bool = False, cudnn_backward: bool = False
+    ) -> list[tuple[str, int]]:
+        """What :meth:`context_bytes` adds up, labelled: the base (a training step with
+        cuBLAS), then what inference takes off and cuDNN's kernels add."""
+        parts = [("a training step with cuBLAS", self.context_and_libraries_bytes)]
+        if not training:
+            parts.append(("inference", self.inference_delta_bytes))
+        if cudnn:
+            parts.append(("cuDNN's kernels", self.cudnn_bytes))
+        if cudnn_backward:
+            parts.append(("cuDNN's backward kernels", self.cudnn_backward_bytes))
+        return parts
+
+    def describe_context(
+        self, training: bool = True, cudnn: bool = False, cudnn_backward: bool = False
+    ) -> str:
+        """``496.00 MiB (480.00 MiB a training step with cuBLAS, +10.00 MiB cuDNN's kernels,
+        +6.00 MiB cuDNN's backward kernels)``: the figure and how it is made."""
+        parts = self.context_parts(training, cudnn, cudnn_backward)
+        total = format_bytes(sum(n for _, n in parts))
+        if len(parts) == 1:
+            return f"{total} ({parts[0][0]})"
+        shown = [f"{format_bytes(parts[0][1])} {parts[0][0]}"]
+        shown += [f"{format_bytes(n, signed=True)} {label}" for label, n in parts[1:]]
+        return f"{total} ({', '.join(shown)})"
+
+
+def list_text() -> str:
+    """What ``estimate --list-gpus`` prints: a line per profile, and how the context column
+    becomes the figure an estimate adds (cuDNN's kernels, inference)."""
+    head = f"{'--gpu':<11} {'device':<25} {'memory':>10}  {'arch':<6} {'context':>10}"
+    lines = [head, *(p.describe() for p in PROFILES)]
+    adds = {(p.cudnn_bytes + p.cudnn_backward_bytes, p.inference_delta_bytes) for p in PROFILES}
+    if len(adds) == 1:
+        ((cudnn, inference),) = adds
+        note = (
+            "context: the CUDA context and libraries a training step's estimate adds to "
+            f"reserved memory (cuBLAS); cuDNN's kernels add {format_bytes(cudnn)} (their "
+            f"backward kernels included), inference takes {format_bytes(-inference)} off"
+        )
+        lines += textwrap.wrap(note, 80)
+    return "\n".join(lines)
 
 
 _GUESS = (

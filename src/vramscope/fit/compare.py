@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from vramscope.errors import VramscopeError
 from vramscope.fit.search import (
+    DEFAULT_GPU,
     Estimator,
     Progress,
     Target,
@@ -22,6 +23,7 @@ from vramscope.fit.search import (
 from vramscope.fit.strategies import NotApplicable, Strategy, default_strategies, get_strategy
 from vramscope.fit.trial import run_trial
 from vramscope.report.model import Finding, Report
+from vramscope.stops import partial_on_stop
 from vramscope.units import format_bytes
 
 if TYPE_CHECKING:
@@ -50,7 +52,7 @@ def compare(
     FSDP, HSDP at ``parallel``'s world size and settings) and ``strategies`` picks them."""
     if not workloads:
         raise VramscopeError("give at least one workload to compare")
-    target = make_target(gpu or "h200", budget, margin)
+    target = make_target(gpu, budget, margin, default_gpu=DEFAULT_GPU)
     if parallel is not None:
         measured = False  # one GPU here cannot run the job's ranks
         if parallel_each and len(workloads) > 1:
@@ -65,60 +67,82 @@ def compare(
     rows_to_do = _compared(workloads, strategies, parallel, parallel_each)
     rows: list[dict[str, Any]] = []
     reports: dict[str, Report] = {}
-    for spec, label, strategy, plan, description, cost in rows_to_do:
-        name = strategy.name
-        row: dict[str, Any] = {
-            "name": label,
-            "strategy": name,
-            "workload": spec,
-            "description": description,
-            "cost": cost,
-            "measured": bool(measured),
+
+    def partial() -> Report | None:
+        """The rows compared before a stop: each as far as it got."""
+        done = next(iter(reports.values()), None)
+        if done is None:
+            return None
+        finished = [r for r in rows if "peak" in r or "skipped" in r]
+        _savings(finished, target)
+        done.extra["fit"] = {
+            "strategies": finished,
+            "interrupted": True,
+            "target": _target_section(target),
+            "batch_size": batch_size,
+            "method": "measured" if measured else "estimated",
         }
-        if plan is not None:
-            row["parallel"] = plan.strategy
-        try:
-            strategy.micro_batch(batch_size)
+        return done
+
+    with partial_on_stop(partial):
+        for spec, label, strategy, plan, description, cost in rows_to_do:
+            name = strategy.name
+            row: dict[str, Any] = {
+                "name": label,
+                "strategy": name,
+                "workload": spec,
+                "description": description,
+                "cost": cost,
+                "measured": bool(measured),
+            }
+            rows.append(row)  # filled in below; a stop keeps it when it has its peak
             if plan is not None:
-                try:
-                    plan.check()
-                except VramscopeError as exc:
-                    raise NotApplicable(str(exc)) from None
-            est = Estimator(
-                spec, target, strategy, precision, accumulate, allocator_config, parallel=plan
-            )
-            report = est.report(batch_size)
-            reports[label] = report
-            row["estimated_peak"] = _peak_dict(report)
-            row["peak"] = dict(row["estimated_peak"])
-            if plan is not None:  # what a rank holds of the model, by strategy
-                cats = report.categories_at_peak
-                row["model_state"] = {
-                    "parameters_bytes": cats.parameters,
-                    "optimizer_state_bytes": cats.optimizer_state,
-                }
-            if measured:
-                trial = run_trial(
-                    spec,
-                    batch_size,
-                    strategy=name,
-                    precision=precision,
-                    accumulate=accumulate,
-                    allocator_config=allocator_config,
+                row["parallel"] = plan.strategy
+            try:
+                strategy.micro_batch(batch_size)
+                if plan is not None:
+                    try:
+                        plan.check()
+                    except VramscopeError as exc:
+                        raise NotApplicable(str(exc)) from None
+                est = Estimator(
+                    spec, target, strategy, precision, accumulate, allocator_config, parallel=plan
                 )
-                row["trial_status"] = trial.status
-                if trial.status == "fits":
-                    row["peak"] = trial.peak
-                    row["step_time_s"] = trial.step_time_s
-                else:
-                    row["error"] = trial.error
-            if progress:
-                progress(f"{label}: {format_bytes(target.measure_of(row['peak']))}")
-        except NotApplicable as exc:
-            row["skipped"] = str(exc)
-        except VramscopeError as exc:
-            row["skipped"] = f"could not be estimated: {exc}"
-        rows.append(row)
+                report = est.report(batch_size)
+                reports[label] = report
+                row["estimated_peak"] = _peak_dict(report)
+                row["peak"] = dict(row["estimated_peak"])
+                # as fit judges a batch: it must not run out, nor (within a margin) run short
+                row["fits"] = est.fits(batch_size)
+                if plan is not None:  # what a rank holds of the model, by strategy
+                    cats = report.categories_at_peak
+                    row["model_state"] = {
+                        "parameters_bytes": cats.parameters,
+                        "optimizer_state_bytes": cats.optimizer_state,
+                    }
+                if measured:
+                    trial = run_trial(
+                        spec,
+                        batch_size,
+                        strategy=name,
+                        precision=precision,
+                        accumulate=accumulate,
+                        allocator_config=allocator_config,
+                    )
+                    row["trial_status"] = trial.status
+                    if trial.status == "fits":
+                        row["peak"] = trial.peak
+                        row["step_time_s"] = trial.step_time_s
+                        row["fits"] = (target.measure_of(trial.peak) or 0) <= target.usable_bytes
+                    else:
+                        row["error"] = trial.error
+                        row["fits"] = False
+                if progress:
+                    progress(f"{label}: {format_bytes(target.measure_of(row['peak']))}")
+            except NotApplicable as exc:
+                row["skipped"] = str(exc)
+            except VramscopeError as exc:
+                row["skipped"] = f"could not be estimated: {exc}"
     _savings(rows, target)
     recommendation = _recommend(rows, target)
     base_label = rows[0]["name"]
@@ -214,8 +238,7 @@ def _savings(rows: list[dict[str, Any]], target: Target) -> None:
             b, v = base["peak"].get(key), row["peak"].get(key)
             if b and v is not None:
                 row.setdefault("saving_pct", {})[key] = round(100 * (b - v) / b, 2)
-        value = target.measure_of(row["peak"]) or 0
-        row["fits"] = value <= target.usable_bytes
+        row.setdefault("fits", (target.measure_of(row["peak"]) or 0) <= target.usable_bytes)
         if base.get("step_time_s") and row.get("step_time_s"):
             row["slowdown_pct"] = round(100 * (row["step_time_s"] / base["step_time_s"] - 1), 1)
 

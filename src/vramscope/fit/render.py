@@ -10,10 +10,11 @@ from typing import Any
 
 from rich import box
 from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from vramscope.fit.answer import final_answer
+from vramscope.fit import wording
 from vramscope.report.freeform import number as _number
 from vramscope.report.freeform import records as _records
 from vramscope.report.freeform import text as _text
@@ -37,78 +38,37 @@ def _yes(value: Any) -> str:
 
 
 def headline(section: dict[str, Any]) -> Text:
-    """ "Largest batch size: N", the verified answer when real trials found one, with what the
-    estimate said beside it."""
-    target = section.get("target") if isinstance(section.get("target"), dict) else {}
-    margin = _number(target.get("margin")) or 0
-    answer = section.get("answer") if isinstance(section.get("answer"), dict) else None
-    answer = answer or final_answer(section)
-    estimated = _text(section.get("max_batch_size"))
-    without = _text(section.get("max_batch_size_without_margin"))
-    estimates = f"{_text(section.get('estimates') or 0)} estimates"
-    text = Text()
-    per_rank = section.get("per_rank") if isinstance(section.get("per_rank"), dict) else None
-    if per_rank is not None:
-        size = _number(answer.get("max_batch_size"))
-        world = _number(per_rank.get("world_size"))
-        text.append(
-            f"Largest batch size per GPU: {_text(answer.get('max_batch_size'))}",
-            style="bold green",
-        )
-        text.append(f" ({_text(per_rank.get('summary'))}")
-        if size is not None and world is not None:
-            text.append(f": {size * world:,} samples a step over the job")
-        text.append(")\n")
-    else:
-        text.append(
-            f"Largest batch size: {_text(answer.get('max_batch_size'))}", style="bold green"
-        )
-    if answer.get("source") == "verify":
-        limit = "budget" if target.get("kind") == "budget" else "GPU memory"
-        text.append(
-            f"  (verified with {_text(answer.get('real_trials'))} real trials at the full "
-            f"{limit}; the estimate said {estimated} with the {margin:.0%} margin, "
-            f"{without} without, from {estimates})"
-        )
-        return text
-    text.append(
-        f"  (without the {margin:.0%} margin: {without}; {_text(section.get('method'))}, "
-        f"{estimates})"
-    )
-    verify = section.get("verify")
-    if isinstance(verify, dict) and verify.get("error"):
-        text.append(
-            f"\nNot verified: {_text(verify['error'])}; the answer is the estimate's", style="red"
-        )
+    """The fit's answer (the verified one when real trials found one), the target it fits and
+    how it was found, then why it is not verified or not monotone, where so: the lines of
+    :func:`vramscope.fit.wording.headline_lines`, the answer in bold."""
+    lines = wording.headline_lines(section)
+    nothing = lines[0].startswith("Does not fit")
+    text = Text(lines[0], style="bold red" if nothing else "bold green")
+    for line in lines[1:]:
+        if wording.is_warning(line):
+            text.append(f"\n{line}", style="red" if line.startswith("Not verified") else "yellow")
+        else:
+            text.append(f"\n  {line}")
     return text
+
+
+def _headline_block(section: dict[str, Any]) -> list[RenderableType]:
+    """The headline for the terminal: its second and third lines indented, also where they
+    wrap."""
+    lines = wording.headline_lines(section)
+    nothing = lines[0].startswith("Does not fit")
+    block: list[RenderableType] = [Text(lines[0], style="bold red" if nothing else "bold green")]
+    for line in lines[1:]:
+        if wording.is_warning(line):
+            style = "red" if line.startswith("Not verified") else "yellow"
+            block.append(Text(line, style=style))
+        else:
+            block.append(Padding(Text(line), (0, 0, 0, 2)))
+    return block
 
 
 def _length_name(section: dict[str, Any]) -> str:
     return "prompt length" if _number(section.get("new_tokens")) else "sequence length"
-
-
-def sequence_headline(section: dict[str, Any]) -> Text:
-    """ "Longest sequence: N tokens" (``fit --seq-len``), with its new tokens for generation."""
-    target = section.get("target") if isinstance(section.get("target"), dict) else {}
-    margin = _number(target.get("margin")) or 0
-    best = _number(section.get("max_seq_len"))
-    new = _number(section.get("new_tokens"))
-    text = Text()
-    if new:
-        total = f" + {new:.0f} new = {best + new:.0f} tokens" if best else ""
-        text.append(
-            f"Longest prompt: {_text(section.get('max_seq_len'))}{total}", style="bold green"
-        )
-    else:
-        text.append(
-            f"Longest sequence: {_text(section.get('max_seq_len'))} tokens", style="bold green"
-        )
-    text.append(
-        f"  (batch {_text(section.get('batch_size'))}; without the {margin:.0%} margin: "
-        f"{_text(section.get('max_seq_len_without_margin'))}; {_text(section.get('method'))}, "
-        f"{_text(section.get('estimates') or 0)} estimates)"
-    )
-    return text
 
 
 def _curve(section: dict[str, Any], key: str, column: str, title: str) -> list[RenderableType]:
@@ -124,6 +84,10 @@ def _curve(section: dict[str, Any], key: str, column: str, title: str) -> list[R
     return [fitting(t)]
 
 
+def _answered(section: dict[str, Any]) -> bool:
+    return "max_batch_size" in section or "max_seq_len" in section
+
+
 def render_fit_report(report: Report) -> Group:
     """What ``fit`` and ``compare`` print: the fit section and the fit warnings."""
     section = report.extra.get("fit")
@@ -134,15 +98,18 @@ def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Gro
     """The fit section as tables; ``findings``: the report's, of which the fit warnings and
     errors (what a budget would need, the closest strategy, the edge of memory) are shown."""
     parts: list[RenderableType] = []
+    said = set(wording.headline_lines(section)) if _answered(section) else set()
     for f in findings:
         if f.kind == "fit" and f.severity in ("warning", "error"):
+            if f.data.get("part") == "answer" or f.message in said:
+                continue  # the headline says it
             style = "red" if f.severity == "error" else "yellow"
             parts.append(Text(f"{f.severity}: {f.message}", style=style))
     if "max_batch_size" in section:
-        parts.append(headline(section))
+        parts.extend(_headline_block(section))
         parts.extend(_curve(section, "batch_size", "batch", "Estimated memory by batch size"))
     elif "max_seq_len" in section:
-        parts.append(sequence_headline(section))
+        parts.extend(_headline_block(section))
         title = f"Estimated memory by {_length_name(section)} at batch {_text(section.get('batch_size'))}"
         parts.extend(_curve(section, "seq_len", "length", title))
     plans = _records(section.get("plans"))
@@ -172,6 +139,8 @@ def render_fit(section: dict[str, Any], findings: Sequence[Finding] = ()) -> Gro
             )
     rows = _records(section.get("strategies"))
     if rows:
+        if isinstance(section.get("target"), dict):
+            parts.append(Text(wording.compare_headline(section), style="bold"))
         parts.append(_strategy_table(section, rows))
         rec = section.get("recommendation")
         if isinstance(rec, dict) and rec.get("message"):
@@ -211,11 +180,12 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
     noted = any(r.get("error") or r.get("skipped") for r in rows)
 
     state = any(isinstance(r.get("model_state"), dict) for r in rows)
+    change = wording.change_header(rows).replace(" ", "\n", 1)  # "vs\nbaseline": narrow
 
     def table(allocated: bool, held_columns: bool, saving_column: bool = True) -> Table:
         columns = ["strategy"] + ["parameters", "optimizer"] * held_columns
         columns += ["allocated"] * allocated
-        columns += ["reserved", "device used", *["saving"] * saving_column, "fits"]
+        columns += ["reserved", "device used", *[change] * saving_column, "fits"]
         columns += ["step time"] if timed else []
         columns += ["note"] if noted else []
         t = Table(box=box.SIMPLE_HEAD, title=title)
@@ -230,15 +200,13 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
                 blanks = [""] * (len(columns) - 2)
                 t.add_row(_text(r.get("name")), *blanks, f"skipped: {_text(r['skipped'])}")
                 continue
-            saving_pct = r.get("saving_pct") if isinstance(r.get("saving_pct"), dict) else {}
-            saving = _number(saving_pct.get("reserved_bytes"))
             cells = [_text(r.get("name"))]
             if held_columns:
                 held = r.get("model_state") if isinstance(r.get("model_state"), dict) else {}
                 cells += [b(held.get("parameters_bytes")), b(held.get("optimizer_state_bytes"))]
             cells += _peak_cells(r.get("peak"), allocated)
             if saving_column:
-                cells.append(f"{saving:+.1f}%" if saving is not None else "")
+                cells.append(wording.reserved_change(r, rows[0]) if r is not rows[0] else "")
             cells.append("yes" if r.get("fits") else "no")
             if timed:
                 step = _number(r.get("step_time_s"))

@@ -9,15 +9,19 @@ Both return a Report whose ``fit`` section (``report.extra["fit"]``) holds the a
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vramscope import stops
 from vramscope.errors import VramscopeError
 from vramscope.fit.answer import final_answer
 from vramscope.fit.strategies import NotApplicable, Strategy, get_strategy
 from vramscope.fit.trial import TrialResult, run_trial
 from vramscope.report.model import Finding, Report
+from vramscope.report.words import count, spans
+from vramscope.stops import partial_on_stop
 from vramscope.units import format_bytes, parse_percent, parse_size
 from vramscope.workload import resolve
 
@@ -37,8 +41,11 @@ class Target:
 
     kind: str  # "gpu" | "budget"
     limit_bytes: int
-    gpu: str
+    gpu: str  # the profile's name: its kernels and CUDA context, and under "gpu" its memory
     margin: float
+    gpu_name: str = ""  # as the device calls itself
+    gpu_given: bool = True  # named by the user (else the default GPU)
+    gpu_total_bytes: int | None = None
 
     @property
     def usable_bytes(self) -> int:
@@ -53,22 +60,55 @@ class Target:
         what = "device used" if self.kind == "gpu" else "reserved"
         return (
             f"{what} ≤ {format_bytes(self.usable_bytes)} ({format_bytes(self.limit_bytes)} "
-            f"{'on ' + self.gpu if self.kind == 'gpu' else 'budget'}, margin {self.margin:.0%})"
+            f"{'on ' + (self.gpu_name or self.gpu) if self.kind == 'gpu' else 'budget'}, "
+            f"margin {self.margin:.0%})"
         )
 
 
-def make_target(gpu: str | None, budget: str | int | None, margin: str | float | None) -> Target:
+DEFAULT_GPU = "h200"
+
+
+def make_target(
+    gpu: str | None,
+    budget: str | int | None,
+    margin: str | float | None,
+    default_gpu: str | None = None,
+) -> Target:
+    """The target of ``fit`` and ``compare``: ``budget`` when given (what the allocator may
+    reserve; the GPU, named or the default, gives the kernels and the CUDA context), else the
+    memory of ``gpu``, or of ``default_gpu`` when none is named (``compare``; the target says
+    it was not given). A budget of 0 bytes, or one larger than the GPU can give the
+    allocator, is bad input (VramscopeError)."""
     from vramscope.estimate.profiles import get_profile
 
     fraction = parse_percent(margin) if margin is not None else 0.05
     if not 0 <= fraction < 0.9:
         raise VramscopeError(f"margin must be between 0% and 90%, not {margin}")
-    profile = get_profile(gpu or "h200")
+    profile = get_profile(gpu or default_gpu or DEFAULT_GPU)
+    about = {
+        "gpu_name": profile.display_name,
+        "gpu_given": gpu is not None,
+        "gpu_total_bytes": profile.total_bytes,
+    }
     if budget is not None:
-        return Target("budget", parse_size(budget), profile.name, fraction)
-    if gpu is None:
+        limit = parse_size(budget)
+        if limit <= 0:
+            raise VramscopeError(
+                f"--budget must be more than 0 bytes, not {budget!r}: it is what the "
+                "allocator may reserve, e.g. 20GiB"
+            )
+        room = profile.total_bytes - profile.context_and_libraries_bytes
+        if limit > room:
+            whose = f"{profile.display_name}" + ("" if gpu else " (the default GPU)")
+            raise VramscopeError(
+                f"--budget {format_bytes(limit)} is more than {whose} can give the allocator "
+                f"({format_bytes(room)}: its {format_bytes(profile.total_bytes)} less the "
+                f"CUDA context); give a smaller budget, or --gpu a larger GPU"
+            )
+        return Target("budget", limit, profile.name, fraction, **about)
+    if gpu is None and default_gpu is None:
         raise VramscopeError("say what must fit: --gpu NAME or --budget SIZE")
-    return Target("gpu", profile.total_bytes, profile.name, fraction)
+    return Target("gpu", profile.total_bytes, profile.name, fraction, **about)
 
 
 def _peak_dict(report: Report) -> dict[str, Any]:
@@ -118,6 +158,8 @@ class Estimator:
         key = (batch_size, cap)
         if key not in self.cache:
             from vramscope.estimate.estimator import estimate
+
+            stops.check()  # an interruption swallowed during the last one stops the search
 
             s = self.strategy
             builder, batch = self.resolved.builder, batch_size
@@ -169,6 +211,13 @@ class Estimator:
         return limit if self.target.kind == "gpu" else int(limit * CAPPED_RUNS_OUT_AT)
 
     def fits(self, batch_size: int, limit: int | None = None) -> bool:
+        """Whether ``batch_size`` fits ``limit`` (the usable bytes by default).
+
+        Under a budget: the replay, capped at ``limit``, does not run out. On a GPU: the
+        step does not run out of the GPU's memory, its device used stays within ``limit``,
+        and below the GPU's full memory (a margin) the allocator never ran short: a step
+        that filled the GPU and freed its cache to go on did not keep the margin free, however
+        little it held after."""
         limit = self.target.usable_bytes if limit is None else limit
         if self.target.kind == "budget":
             verdict = self.report(batch_size, cap=limit).extra.get("verdict") or {}
@@ -176,15 +225,26 @@ class Estimator:
         # a step that ran out of the GPU's memory does not fit, however little it had
         # reserved when the request failed (a huge batch fails on its first large tensor)
         verdict = self.report(batch_size).extra.get("verdict") or {}
-        return verdict.get("oom_at") is None and self.value(batch_size) <= limit
+        if verdict.get("oom_at") is not None or self.value(batch_size) > limit:
+            return False
+        return limit >= self.target.limit_bytes or not self.ran_short(batch_size, limit)
 
-    def at_the_edge(self, batch_size: int, limit: int | None = None) -> bool:
+    def ran_short(self, batch_size: int, limit: int | None = None) -> bool:
         """Whether the allocator ran short at ``batch_size``: it freed its cache and retried,
-        or a kernel ran a variant with a smaller workspace."""
+        or a kernel ran a variant with a smaller workspace (under a budget: capped at
+        ``limit``; on a GPU: at its full memory)."""
         limit = self.target.usable_bytes if limit is None else limit
         cap = limit if self.target.kind == "budget" else None
         allocator = self.report(batch_size, cap=cap).extra.get("allocator") or {}
         return bool(allocator.get("num_alloc_retries") or allocator.get("smaller_workspaces"))
+
+    def estimated(self, limit: int | None = None) -> list[int]:
+        """The batch sizes estimated so far whose verdict under ``limit`` is known without a
+        new estimate (under a budget, those replayed with that cap)."""
+        if self.target.kind != "budget":
+            return self.batches
+        limit = self.target.usable_bytes if limit is None else limit
+        return sorted(b for b, cap in self.cache if cap == limit)
 
 
 def largest_fitting(
@@ -199,16 +259,18 @@ def largest_fitting(
     Interpolation search: the next probe is where the line through the two nearest known
     points crosses the limit (extrapolated while no upper bound is known), clamped inside
     the bracket; a bisection step whenever the bracket did not halve. A near-linear
-    workload needs a handful of evaluations. 0 when even b=1 does not fit.
+    workload needs a handful of evaluations. 0 when even b=1 does not fit. The cap only
+    clamps a probe that would pass it: below the cap, the probes do not depend on it.
     """
     if not fits(1):
         return 0
     lo, hi = 1, cap + 1  # lo fits; hi does not (cap + 1: not known yet)
     points = {1: value(1)}
-    probe = start if start is not None else min(cap, 16)
+    probe = start if start is not None else 16
     stalled = 0
     while hi - lo > 1:
         probe = max(lo + 1, min(hi - 1, probe))
+        bounded = hi <= cap  # an upper bound was known before this probe
         width = hi - lo
         ok = fits(probe)
         points[probe] = value(probe)
@@ -218,7 +280,7 @@ def largest_fitting(
             hi = probe
         # a bracket that did not halve twice: bisect. Not while no upper bound is known:
         # extrapolating is what finds one, and bisecting up to a large cap wastes estimates
-        stalled = stalled + 1 if hi <= cap and (hi - lo) * 2 > width else 0
+        stalled = stalled + 1 if bounded and (hi - lo) * 2 > width else 0
         if stalled >= 2:
             probe, stalled = (lo + hi) // 2, 0
             continue
@@ -241,47 +303,94 @@ def largest_fitting(
     return lo
 
 
-# how far below an answer at the edge of memory to look for a batch that runs out (a share of
-# the answer, and at least / at most this many batch sizes)
-EDGE_WINDOW = (0.03, 4, 24)
+def edge_window(batch: int) -> int:
+    """How far below a batch that runs out the search looks: 3% of it, at least 8 and at
+    most 24 batch sizes."""
+    return max(8, min(24, int(batch * 0.03)))
 
 
-def lowest_safe(fits: Callable[[int], bool], best: int) -> int:
-    """``best`` or less: the largest b below the lowest run of batches near ``best`` that
-    run out.
+# the batch sizes just below one that runs out that are each estimated; further down the
+# window, every third (which meets every batch size of a class that runs out every 2nd, 4th
+# or 8th size: 3 shares no factor with them)
+NEAR, STRIDE = 8, 3
 
-    Near the limit memory is not monotone in the batch size: which cuDNN variant runs and
-    when the allocator frees its cache depend on the exact sizes. Recorded on an H200 under a
-    2 GiB cap, the example CNN ran at batch 217, ran out at 218 and 219, ran again at 220 to
-    224 and ran out from 225 (``tests/data/fit_edges_h200.json``); the estimate gives the
-    same. A last, smaller batch of an epoch must fit too, so the answer is one below the
-    lowest pair of adjacent batches that run out in a window under ``best``. A single batch
-    that runs out between batches that run is within the estimate's noise (a workspace a few
-    MiB off flips it: under 6 GiB the estimate runs out at 675 alone, the GPU ran 671-693)."""
-    share, least, most = EDGE_WINDOW
-    while best > 1:
-        window = max(least, min(most, int(best * share)))
-        lowest = None  # the lower batch of the lowest pair that runs out
-        # every other batch size: any two adjacent ones include one of them
-        for b in range(best - 1, max(1, best - window) - 1, -2):
-            if fits(b):
-                continue
-            if b > 1 and not fits(b - 1):
-                lowest = b - 1
-            elif b + 1 < best and not fits(b + 1):
-                lowest = b
-        if lowest is None:
-            return best
-        best = lowest - 1
-        while best > 0 and not fits(best):
-            best -= 1
-    return best
+
+def window_below(lowest: int, window: int) -> list[int]:
+    """The batch sizes looked at below ``lowest``: the ``NEAR`` next ones, then every
+    ``STRIDE``-th down to ``window`` below it."""
+    near = list(range(lowest - 1, max(0, lowest - 1 - NEAR), -1))
+    far = range(lowest - 1 - NEAR - (STRIDE - 1), max(0, lowest - 1 - window), -STRIDE)
+    return near + list(far)
+
+
+def lowest_failure(
+    fits: Callable[[int], bool],
+    first: int,
+    window: Callable[[int], int] = edge_window,
+) -> int:
+    """The lowest batch size that runs out, looking down from ``first`` (one that runs out,
+    or the search's cap + 1): ``first`` when every batch looked at below it runs.
+
+    Near the limit memory is not monotone in the batch size: which cuDNN variant runs, when
+    the allocator frees its cache and whether a block finds room in a cached segment depend
+    on the exact sizes. Recorded on an H200 under a 2 GiB cap, the example CNN ran at batch
+    217, ran out at 218 and 219, ran again at 220 to 224 and ran out from 225
+    (``tests/data/fit_edges_h200.json``); on a GPU's full memory the estimate of the example
+    CNN needs one more segment at every eighth batch size. A last, smaller batch of an epoch
+    must fit too, so the answer is one below the lowest batch that runs out. Below each one
+    found, the 8 next batch sizes are estimated, then every third down the window
+    (:func:`window_below`), and the lowest found starts the next window. Batches that run
+    out at a regular spacing (every eighth) are a class whose memory grows with the batch
+    like the others: the search follows the class down (by doubling steps, then bisection)
+    before it looks at the window below its lowest."""
+    lowest = first
+    while lowest > 1:
+        failing = [b for b in window_below(lowest, window(lowest)) if not fits(b)]
+        if not failing:
+            return lowest
+        lowest = min(failing)
+        period = _spacing(failing)
+        if period:
+            lowest = _lowest_of_class(fits, lowest, period)
+    return lowest
+
+
+def _spacing(failing: list[int]) -> int | None:
+    """The regular spacing of batches that run out apart from each other (the commonest gap
+    of 2 or more between them, the smallest of equals), or None."""
+    ordered = sorted(failing)
+    gaps = [b - a for a, b in itertools.pairwise(ordered) if b - a >= 2]
+    if not gaps:
+        return None
+    return min(set(gaps), key=lambda g: (-gaps.count(g), g))
+
+
+def _lowest_of_class(fits: Callable[[int], bool], failing: int, period: int) -> int:
+    """The lowest of ``failing - k * period`` that runs out, assuming that within this class
+    memory grows with the batch: steps of 1, 2, 4, … periods down to one that runs, then
+    bisection between them."""
+    runs_out, step = 0, 1  # multiples of the period below ``failing``
+    while True:
+        b = failing - step * period
+        if b < 1 or fits(b):
+            runs = step
+            break
+        runs_out, step = step, step * 2
+    while runs - runs_out > 1:
+        mid = (runs + runs_out) // 2
+        b = failing - mid * period
+        if b >= 1 and not fits(b):
+            runs_out = mid
+        else:
+            runs = mid
+    return failing - runs_out * period
 
 
 @dataclass(frozen=True)
 class BatchSearch:
-    """What the estimate's search found: the largest batch that runs and the answer (below it
-    when a smaller batch runs out at the edge of memory), with the margin and without it."""
+    """What the estimate's search found: the answer (the largest batch that runs with every
+    smaller one), the largest batch found running on the way up (the answer's bracket), with
+    the margin and without it."""
 
     runs: int
     best: int
@@ -292,15 +401,22 @@ class BatchSearch:
 def largest_batch(
     est: Estimator, limit: int, max_batch_size: int, start: int | None = None
 ) -> tuple[int, int]:
-    """(runs, best) under ``limit``: the largest batch the estimate runs, and the answer,
-    one below the lowest pair of batches that run out near it when the allocator ran short."""
+    """(runs, best) under ``limit``: the largest batch the interpolation search found
+    running, and the answer: one below the lowest batch that runs out (``lowest_failure``,
+    from the lowest that any estimate so far found running out), or the cap when none
+    does."""
 
     def fits(b: int) -> bool:
         return est.fits(b, limit)
 
     runs = largest_fitting(fits, est.value, est.aim(limit), max_batch_size, start=start)
-    best = lowest_safe(fits, runs) if runs and est.at_the_edge(runs, limit) else runs
-    return runs, best
+    if runs == 0:
+        return 0, 0
+    known = [b for b in est.estimated(limit) if b <= max_batch_size and not fits(b)]
+    if not known and runs == max_batch_size and est.value(runs) <= est.aim(limit) // 2:
+        return runs, runs  # the cap holds half the limit or less: far from any edge
+    first = min([*known, runs + 1])
+    return runs, lowest_failure(fits, first) - 1
 
 
 def search_batches(
@@ -326,16 +442,21 @@ def fit_section(est: Estimator, found: BatchSearch, max_batch_size: int) -> dict
     every estimate made on the way (the curve of memory against batch size)."""
     key = "max_batch_size" if est.axis is None else "max_seq_len"
     without = found.best_without_margin
+    # estimated above the answer and fitting: memory is not monotone in the batch there
+    above = [b for b in est.estimated() if b > found.best and est.fits(b)]
     return {
         key: est.size(found.best),
         f"{key}_without_margin": est.size(without) if without is not None else None,
         # the largest size the estimate runs, when a smaller one runs out (best is below that)
-        "largest_running": est.size(found.runs) if found.runs != found.best else None,
+        "largest_running": est.size(max(above)) if above else None,
+        # the sizes estimated above the answer that fit, as [first, last] runs
+        "fits_above": [[est.size(a), est.size(b)] for a, b in spans(above)],
         "target": {
             **_target_section(est.target),
             "compares": "device_used_bytes" if est.target.kind == "gpu" else "reserved_bytes",
         },
         "capped": found.best >= max_batch_size,
+        "search_cap": est.size(max_batch_size),
         "method": "estimate",
         "estimates": len(est.cache),
         "curve": [
@@ -353,6 +474,9 @@ def _target_section(target: Target) -> dict[str, Any]:
     return {
         "kind": target.kind,
         "gpu": target.gpu,
+        "gpu_name": target.gpu_name,
+        "gpu_given": target.gpu_given,
+        "gpu_total_bytes": target.gpu_total_bytes,
         "limit_bytes": target.limit_bytes,
         "margin": target.margin,
         "usable_bytes": target.usable_bytes,
@@ -395,118 +519,128 @@ def fit(
     est = Estimator(
         workload, target, base, precision, accumulate, allocator_config, progress, parallel
     )
-    found = search_batches(est, max_batch_size)
-    runs, best = found.runs, found.best
-    runs_no_margin = found.runs_without_margin or 0
-    best_no_margin = found.best_without_margin or 0
-    section = fit_section(est, found, max_batch_size)
-    report = est.report(max(best, 1))
-    findings: list[Finding] = []
-    probed = est.batches
-    if best > 0 and len(probed) >= 2 and est.value(probed[-1]) <= est.value(probed[0]) * 1.001:
-        findings.append(
-            Finding(
-                "fit",
-                "warning",
-                f"memory does not grow with the batch size (batch {probed[0]} and batch "
-                f"{probed[-1]} both need {format_bytes(est.value(probed[0]))}): the build "
-                "function may not use batch_size as the first dimension of its inputs, so "
-                "the answer is only the --max-batch-size cap",
-                {},
-            )
-        )
-        section["batch_size_has_no_effect"] = True
-    if best == 0:
-        needed = est.value(1, capped=False)
-        section["needed_at_batch_1_bytes"] = needed
-        closest = _closest_strategy(
-            workload, target, precision, accumulate, allocator_config, parallel
-        )
-        section["closest_strategy"] = closest
-        message = (
-            f"does not fit even at batch size 1: it needs {format_bytes(needed)}, "
-            f"the target allows {format_bytes(target.usable_bytes)}"
-        )
-        params = est.report(1, capped=False).categories_at_peak.parameters or 0
-        if params > target.usable_bytes:
-            message += f" (the parameters alone take {format_bytes(params)})"
-        if closest:
-            message += (
-                f"; closest strategy: {closest['name']} at {format_bytes(closest['value_bytes'])}"
-            )
-        findings.append(Finding("fit", "error", message, {}))
-    else:
-        findings.append(
-            Finding(
-                "fit",
-                "info",
-                f"largest batch size that fits: {best}"
-                + (" (the --max-batch-size cap)" if best >= max_batch_size else "")
-                + f"; {target.describe()}; without the margin: {best_no_margin}",
-                {},
-            )
-        )
-        if runs != best:
+    with partial_on_stop(lambda: partial_report(est)):
+        found = search_batches(est, max_batch_size)
+        best = found.best
+        runs_no_margin = found.runs_without_margin or 0
+        best_no_margin = found.best_without_margin or 0
+        section = fit_section(est, found, max_batch_size)
+        report = est.report(max(best, 1))
+        findings: list[Finding] = []
+        probed = est.batches
+        if best > 0 and len(probed) >= 2 and est.value(probed[-1]) <= est.value(probed[0]) * 1.001:
             findings.append(
                 Finding(
                     "fit",
                     "warning",
-                    f"at the edge of memory: batch {runs} also runs, but batch {best + 1} "
-                    "runs out (cuDNN's choice of workspace and when the allocator frees its "
-                    f"cache depend on the exact sizes), so the answer is {best}; a last, "
-                    "smaller batch of an epoch has to fit too",
+                    f"memory does not grow with the batch size (batch {count(probed[0])} and "
+                    f"batch {count(probed[-1])} both need {format_bytes(est.value(probed[0]))}): "
+                    "the build function may not use batch_size as the first dimension of its "
+                    "inputs, so the answer is only the --max-batch-size cap",
                     {},
                 )
             )
-    if parallel is not None:
-        section["per_rank"] = {
-            "world_size": parallel.world_size,
-            "strategy": parallel.strategy,
-            "summary": parallel.describe(),
-            "job_batch_size": best * parallel.world_size,
-        }
-    if effective_batch:
-        per_gpu = effective_batch // (parallel.world_size if parallel else 1)
-        section["plans"] = _plans(est, per_gpu, best, target)
-        if parallel is not None:
-            section["plans_per_gpu_of"] = effective_batch
-        recommended = next((p for p in section["plans"] if p["fits"]), None)
-        section["recommended_plan"] = recommended
-    if verify:
-        seed = best_no_margin or 1
-        slope = (est.value(seed) - est.value(1)) / (seed - 1) if seed > 1 else None
-        section["verify"] = _verify(
-            workload,
-            target,
-            seed,
-            sorted({best_no_margin + 1, runs_no_margin + 1}),
-            precision,
-            accumulate,
-            allocator_config,
-            max_batch_size,
-            progress,
-            slope_bytes=slope,
-            aim_bytes=est.aim(target.limit_bytes) if target.kind == "budget" else None,
-        )
-        if section["verify"].get("max_batch_size") is not None:
-            section["method"] = "estimate+verify"
-    section["answer"] = final_answer(section)
-    if section["answer"]["source"] == "verify":
-        verified = section["answer"]["max_batch_size"]
-        findings.append(
-            Finding(
-                "fit",
-                "info",
-                f"verified with {section['verify'].get('real_trials')} real trials in fresh "
-                f"processes: the largest batch size that runs is {verified} (at the full "
-                f"{'budget' if target.kind == 'budget' else 'GPU memory'}); the estimate said "
-                f"{best} with the margin, {best_no_margin} without",
-                {},
+            section["batch_size_has_no_effect"] = True
+        if best == 0:
+            # what batch size 1 needs of what the target compares, on a GPU large enough
+            section["needed_at_batch_1_bytes"] = target.measure_of(
+                _peak_dict(est.report(1, capped=False))
             )
-        )
-    report.extra["fit"] = section
-    report.findings = findings + report.findings
+            section["parameters_bytes"] = est.report(1, capped=False).categories_at_peak.parameters
+            section["closest_strategy"] = _closest_strategy(
+                workload, target, precision, accumulate, allocator_config, parallel
+            )
+        if parallel is not None:
+            section["per_rank"] = {
+                "world_size": parallel.world_size,
+                "strategy": parallel.strategy,
+                "summary": parallel.describe(),
+                "job_batch_size": best * parallel.world_size,
+            }
+        if effective_batch:
+            per_gpu = effective_batch // (parallel.world_size if parallel else 1)
+            section["plans"] = _plans(est, per_gpu, best, target)
+            if parallel is not None:
+                section["plans_per_gpu_of"] = effective_batch
+            recommended = next((p for p in section["plans"] if p["fits"]), None)
+            section["recommended_plan"] = recommended
+        if verify:
+            seed = best_no_margin or 1
+            slope = (est.value(seed) - est.value(1)) / (seed - 1) if seed > 1 else None
+            section["verify"] = _verify(
+                workload,
+                target,
+                seed,
+                sorted({best_no_margin + 1, runs_no_margin + 1}),
+                precision,
+                accumulate,
+                allocator_config,
+                max_batch_size,
+                progress,
+                slope_bytes=slope,
+                aim_bytes=est.aim(target.limit_bytes) if target.kind == "budget" else None,
+            )
+            if section["verify"].get("max_batch_size") is not None:
+                section["method"] = "estimate+verify"
+        section["answer"] = final_answer(section)
+        report.extra["fit"] = section
+        report.findings = answer_findings(section) + findings + report.findings
+        return report
+
+
+def partial_report(est: Estimator) -> Report | None:
+    """What a search stopped before its answer has: its estimates so far, and the largest
+    size that fits with every smaller one estimated so far (not an answer: ``max_batch_size``
+    is null). None before the first estimate."""
+    done = est.estimated()
+    if not done:
+        return None
+    so_far = 0
+    for b in done:  # ascending: up to the first that does not fit
+        if not est.fits(b):
+            break
+        so_far = b
+    cap = est.target.usable_bytes if est.target.kind == "budget" else None
+    report = est.cache[(so_far or done[0], cap)]
+    key = "max_batch_size" if est.axis is None else "max_seq_len"
+    report.extra["fit"] = {
+        key: None,
+        "interrupted": True,
+        "fits_so_far": est.size(so_far),
+        "target": _target_section(est.target),
+        "method": "estimate",
+        "estimates": len(est.cache),
+        "curve": [
+            {
+                "batch_size" if est.axis is None else "seq_len": est.size(b),
+                "peak": _peak_dict(est.cache[(b, cap)]),
+                "fits": est.fits(b),
+            }
+            for b in done
+        ],
+    }
     return report
+
+
+def answer_findings(section: dict[str, Any]) -> list[Finding]:
+    """The fit's answer as findings, in the headline's words: the answer and its target
+    (an error when nothing fits), and a warning where memory is not monotone."""
+    from vramscope.fit import wording
+
+    answer = wording.answer_line(section)
+    nothing = answer.startswith("Does not fit")
+    findings = [
+        Finding(
+            "fit",
+            "error" if nothing else "info",
+            f"{answer}; {wording.target_line(section)}; {wording.method_line(section)}",
+            {"part": "answer"},
+        )
+    ]
+    for line in (wording.not_verified_line(section), wording.not_monotone_line(section)):
+        if line:
+            findings.append(Finding("fit", "warning", line, {"part": "answer"}))
+    return findings
 
 
 @dataclass(frozen=True)
@@ -600,7 +734,8 @@ def fit_sequence(
         parallel=parallel,
         axis=axis,
     )
-    found = search_batches(est, cap, start=min(cap, 512 // axis.step))
+    with partial_on_stop(lambda: partial_report(est)):
+        found = search_batches(est, cap, start=min(cap, 512 // axis.step))
     section = fit_section(est, found, cap)
     new = axis.spec.new_tokens
     section.update(
@@ -608,33 +743,17 @@ def fit_sequence(
         step=axis.step,
         batch_size=batch_size,
         max_seq_len_cap=axis.length(cap),
+        # where the cap came from: --max-seq-len, the model's positions, or the default
+        cap_from="option" if max_seq_len else "positions" if axis.longest() else "default",
         new_tokens=new or None,
     )
-    best = axis.length(found.best)
     report = est.report(max(found.best, 1))
-    what = axis.describe_size()
-    if best == 0:
-        needed = est.value(1, capped=False)
-        section["needed_at_shortest_bytes"] = needed
-        message = (
-            f"does not fit even at {what} {axis.step} (batch {batch_size}): it needs "
-            f"{format_bytes(needed)}, the target allows {format_bytes(target.usable_bytes)}"
-        )
-        finding = Finding("fit", "error", message, {})
-    else:
-        total = f" ({best + new} with the {new} new tokens)" if new else ""
-        finding = Finding(
-            "fit",
-            "info",
-            f"longest {what} that fits at batch {batch_size}: {best}{total}, in steps of "
-            f"{axis.step} tokens"
-            + (" (the cap: the model's positions or --max-seq-len)" if found.best >= cap else "")
-            + f"; {target.describe()}; without the margin: "
-            f"{section['max_seq_len_without_margin']}",
-            {},
+    if found.best == 0:
+        section["needed_at_shortest_bytes"] = target.measure_of(
+            _peak_dict(est.report(1, capped=False))
         )
     report.extra["fit"] = section
-    report.findings = [finding, *report.findings]
+    report.findings = [*answer_findings(section), *report.findings]
     return report
 
 

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vramscope.report.model import Report
+from vramscope.report.words import duration
 from vramscope.units import format_bytes
 
 if TYPE_CHECKING:
@@ -147,12 +148,8 @@ def _step_times(report: Report) -> str:
     if not times:
         return "no steps"
     if len(times) == 1:
-        return _ms(times[0])
-    return f"{_ms(times[0])}, {_ms(statistics.median(times[1:]))}"
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+        return duration(times[0])
+    return f"{duration(times[0])}, {duration(statistics.median(times[1:]))}"
 
 
 def _phase_shares(report: Report) -> str:

@@ -10,6 +10,7 @@ import itertools
 import statistics
 
 from vramscope.report.model import Finding, Report, StepStats
+from vramscope.report.words import change, plural, times
 from vramscope.units import format_bytes
 
 MIB = 1024**2
@@ -118,7 +119,7 @@ def find_fragmentation(report: Report) -> list[Finding]:
             Finding(
                 "retries",
                 "warning",
-                f"the allocator ran out of cached memory {retries} time(s) and had to free its "
+                f"the allocator ran out of cached memory {times(retries)} and had to free its "
                 f"cache and retry cudaMalloc, which stalls the step{advice}",
                 {"num_alloc_retries": retries},
             )
@@ -139,7 +140,8 @@ def find_fragmentation(report: Report) -> list[Finding]:
             Finding(
                 "caught_oom",
                 "warning",
-                f"{ooms} out-of-memory error(s) were raised and caught by the program",
+                f"{plural(ooms, 'out-of-memory error')} "
+                f"{'was' if ooms == 1 else 'were'} raised and caught by the program",
                 {"num_ooms": ooms},
             )
         )
@@ -163,8 +165,8 @@ def find_first_step(report: Report) -> list[Finding]:
         Finding(
             "first_step",
             "info",
-            f"the first step peaks at {format_bytes(first)}, steady steps at "
-            f"{format_bytes(steady)} ({100 * (first - steady) / steady:+.0f}%): {why}",
+            f"the first step peaks at {format_bytes(first)}, {change(first, steady)} the "
+            f"steady steps' {format_bytes(steady)}: {why}",
             {"first_bytes": first, "steady_bytes": int(steady)},
         )
     ]
@@ -250,3 +252,38 @@ def add_findings(report: Report) -> Report:
         findings = [f for f in findings if f.kind != "first_step"]
     report.findings = findings
     return report
+
+
+def reword(report: Report) -> Report:
+    """A saved report's findings in today's words: those the finders above write are made
+    again from its numbers, where the first of them stood; the others (a verdict, a fit's
+    answer, the estimator's notes) stay as saved."""
+    fresh = [f for finder in FINDERS for f in finder(report)]
+    kinds = {f.kind for f in fresh} | _FINDER_KINDS
+    kept: list[Finding] = []
+    at = None
+    for f in report.findings:
+        if f.kind in kinds:
+            at = len(kept) if at is None else at
+            continue
+        kept.append(f)
+    at = len(kept) if at is None else at
+    report.findings = kept[:at] + fresh + kept[at:]
+    return report
+
+
+# every kind a finder above can write (a saved one is replaced, or dropped when it no longer
+# holds)
+_FINDER_KINDS = frozenset(
+    {
+        "oom",
+        "leak",
+        "retries",
+        "fragmentation",
+        "caught_oom",
+        "empty_cache",
+        "first_step",
+        "host_growth",
+        "private_pools",
+    }
+)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramscope.report.model import CATEGORY_NAMES
+from vramscope.report.words import plural, ranges
 from vramscope.tracking.events import (
     ALLOC,
     BACKWARD,
@@ -35,7 +36,7 @@ from vramscope.tracking.events import (
     EventLog,
     allocator_block_sizes,
 )
-from vramscope.tracking.marking import describe, expand
+from vramscope.tracking.marking import FIRST_STEPS, PROBE_EVERY, SETTLED, expand
 
 CATEGORIES = CATEGORY_NAMES
 OUTSIDE = "(outside modules)"
@@ -496,12 +497,7 @@ def _marking_notes(
         return []
     marked = schedule.get("marked_steps") or []
     count = sum(b - a + 1 for a, b in marked)
-    why = (
-        f"after the first steps, one in every {schedule.get('interval')}, which keeps their "
-        "cost near 2% of a step"
-        if schedule.get("policy") == "auto"
-        else f"--module-steps {schedule.get('policy')}"
-    )
+    why = _marking_why(schedule)
     windowed = (log.meta.get("trace") or {}).get("windows") is not None
     covered = (
         "phase peaks cover every step; the allocator's trace (module tables, peak tensors and "
@@ -510,12 +506,27 @@ def _marking_notes(
         else "phase peaks and categories cover every step"
     )
     notes = [
-        f"module markers were placed in {count} of {schedule.get('steps')} steps "
-        f"({describe(marked)}): {why}; {covered} (--module-steps all marks every step)"
+        f"module markers were placed in {count:,} of {plural(schedule.get('steps') or 0, 'step')} "
+        f"({ranges(marked)}): {why}; {covered} (--module-steps all marks every step)"
     ]
     if module_peak is not None:
         notes.append(_unmarked_peak_note(peak["step"], peak["allocated_bytes"], module_peak))
     return notes
+
+
+def _marking_why(schedule: dict[str, Any]) -> str:
+    """Why those steps, in the schedule's own terms (:mod:`vramscope.tracking.marking`)."""
+    policy, interval = schedule.get("policy"), schedule.get("interval")
+    first = f"the first {plural(FIRST_STEPS, 'step')}"
+    if policy == "auto":
+        timed = f"{first}, then every other step while their cost was timed"
+        if (schedule.get("steps") or 0) <= SETTLED:  # the run ended before a spacing was set
+            return timed
+        timed += ", then "
+        if interval == 1:
+            return timed + f"every step but one in {PROBE_EVERY} (they add under 2% to a step)"
+        return timed + f"one step in every {interval}, which keeps their cost near 2% of a step"
+    return f"{first}, then one step in every {policy} (--module-steps {policy})"
 
 
 def _unmarked_peak_note(step: int | None, run_peak: int, module_peak: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from vramscope.report.model import (
     StepStats,
 )
 from vramscope.report.widths import fitting
+from vramscope.report.words import count, duration, field_label
 from vramscope.units import format_bytes
 
 b = format_bytes
@@ -107,13 +108,19 @@ def _peak_table(report: Report) -> RenderableType:
     return fitting(wide, narrow)
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+def _timed(report: Report) -> bool:
+    """Whether the report has times to show: a run does; an estimate, which runs nothing, has
+    none (its phases and steps would read 0.0 ms)."""
+    if report.kind == "estimated":
+        return False
+    return any(s.duration_s for s in report.steps) or any(p.duration_s for p in report.phases)
 
 
 def _phase_table(report: Report) -> RenderableType:
     t = Table(box=box.SIMPLE_HEAD, title="Phases (highest peak over the run)")
-    for col in ("phase", "peak allocated", "peak reserved", "at step", "count", "time"):
+    timed = _timed(report)
+    columns = ["phase", "peak allocated", "peak reserved", "at step", "count"]
+    for col in columns + ["time"] * timed:
         t.add_column(col, justify="left" if col == "phase" else "right")
     for p in report.phases:
         t.add_row(
@@ -121,8 +128,8 @@ def _phase_table(report: Report) -> RenderableType:
             b(p.peak_allocated_bytes),
             b(p.peak_reserved_bytes),
             str(p.step) if p.step is not None else "",
-            str(p.count),
-            _ms(p.duration_s),
+            count(p.count),
+            *[duration(p.duration_s)] * timed,
         )
     return fitting(t)
 
@@ -183,10 +190,12 @@ def _step_table(report: Report) -> RenderableType:
                 t.add_row(*row_head(s), *(c for cell in cells for c in cell(s)))
         return t
 
-    tail = ["host RSS", "time"]
+    timed = _timed(report)
+    measured = report.kind != "estimated"  # an estimate runs nothing on the host
+    tail = ["host RSS"] * measured + ["time"] * timed
 
     def rest(s: StepStats) -> list[str]:
-        return [b(s.host_rss_bytes), _ms(s.duration_s)]
+        return [b(s.host_rss_bytes)] * measured + [duration(s.duration_s)] * timed
 
     wide_phases = ["fwd peak", "bwd peak", "opt peak"] if cuda else []
     wide = table(title, head + memory + wide_phases + tail, [memory_cells, phase_cells, rest])
@@ -220,7 +229,7 @@ def _epoch_table(report: Report) -> RenderableType:
             b(e.peak_reserved_bytes),
             b(e.end_allocated_bytes),
             b(e.host_rss_bytes),
-            f"{e.duration_s:.2f} s",
+            duration(e.duration_s),
         )
     return fitting(t)
 
@@ -652,7 +661,8 @@ def render(report: Report) -> Group:
             Text(
                 f"Startup: allocated before the first step {b(s.after_build_allocated_bytes)}, "
                 f"reserved {b(s.after_build_reserved_bytes)}; CUDA context and libraries "
-                f"{b(s.context_and_libraries_bytes)}; host RSS {b(s.host_rss_bytes)}"
+                f"{b(s.context_and_libraries_bytes)}"
+                + (f"; host RSS {b(s.host_rss_bytes)}" if report.kind != "estimated" else "")
             )
         )
     if report.phases:
@@ -669,7 +679,7 @@ def render(report: Report) -> Group:
         parts.append(_reconciliation_table(rec))
     for field, why in report.unavailable.items():
         if field.startswith("peak."):
-            parts.append(Text(f"{field}: n/a — {why}", style="dim"))
+            parts.append(Text(f"{field_label(field)}: n/a ({why})", style="dim"))
             break
     shown: set[str] = set()
     fit = report.extra.get("fit")

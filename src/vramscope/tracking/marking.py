@@ -205,11 +205,3 @@ def compress(indices: list[int]) -> list[list[int]]:
 
 def expand(ranges: list[list[int]]) -> set[int]:
     return {i for first, last in ranges for i in range(first, last + 1)}
-
-
-def describe(ranges: list[list[int]], limit: int = 6) -> str:
-    """``0-2, 10, 20, 30 and 4 more`` for a report line."""
-    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in ranges]
-    if len(parts) > limit:
-        return ", ".join(parts[:limit]) + f" and {len(parts) - limit} more"
-    return ", ".join(parts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramscope.fit import wording
 from vramscope.fit.answer import final_answer
 from vramscope.report.html import charts
 from vramscope.report.html.blocks import Chart, Section, table
@@ -31,33 +32,20 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
         fit.get("budget_bytes") or target.get("limit_bytes") or report.device.get("total_bytes")
     )
     answer = fit.get("answer") if isinstance(fit.get("answer"), dict) else final_answer(fit)
-    if answer.get("max_batch_size") is not None:  # the verified one when trials found it
-        text = f"Largest batch that fits: {answer['max_batch_size']}"
-        if budget:
-            text += f" ({'GPU' if target.get('kind') == 'gpu' else 'budget'} {b(budget)})"
-        if answer.get("source") == "verify":
-            text += (
-                f", verified with {answer.get('real_trials')} real trials; "
-                f"the estimate said {fit.get('max_batch_size')}"
-            )
-        verdict = text
+    notes: list[str] = []
+    style = "fits"
+    if answer.get("max_batch_size") is not None or "max_seq_len" in fit:
+        # the terminal's headline, word for word: the answer, its target, how it was found
+        verdict, *notes = wording.headline_lines(fit)
+        style = "nofit" if verdict.startswith("Does not fit") else "fits"
     strategies = [s for s in fit.get("strategies") or [] if isinstance(s, dict)]
     if strategies:
         fields = ("allocated_bytes", "reserved_bytes", "device_used_bytes")
-        base = (strategies[0].get("peak") or {}).get("allocated_bytes")
         per_strategy_batch = any(s.get("max_batch_size") is not None for s in strategies)
         rows = []
         for s in strategies:
             peak = s.get("peak") or {}
-            alloc = peak.get("allocated_bytes")
-            vs = (
-                f"{100 * (alloc - base) / base:+.0f}%"
-                if isinstance(alloc, (int, float))
-                and isinstance(base, (int, float))
-                and base
-                and s is not strategies[0]
-                else ""
-            )
+            vs = wording.reserved_change(s, strategies[0]) if s is not strategies[0] else ""
             row = [str(s.get("name", "?"))]
             row += [b(peak.get(f)) if isinstance(peak.get(f), (int, float)) else "" for f in fields]
             row.append(vs)
@@ -94,7 +82,8 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
         figures["chart-strategies"] = figure_dict(fig)
         strategies_chart = Chart("chart-strategies", 120 + 50 * len(strategies))
         strategies_table = table(
-            ["strategy", "peak allocated", "peak reserved", "device used", "vs first"]
+            ["strategy", "peak allocated", "peak reserved", "device used"]
+            + [f"reserved {wording.change_header(strategies)}"]
             + (["largest batch"] if per_strategy_batch else []),
             rows,
         )
@@ -147,6 +136,8 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
         "Batch sizes and memory-saving strategies side by side.",
         {
             "verdict": verdict,
+            "verdict_style": style,
+            "notes": notes,
             "strategies_chart": strategies_chart,
             "strategies_table": strategies_table,
             "curve_chart": curve_chart,

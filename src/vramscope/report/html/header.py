@@ -7,6 +7,7 @@ from typing import Any
 
 from vramscope.report.html.charts import SERIES_COLORS, pct
 from vramscope.report.model import CATEGORY_NAMES, Report
+from vramscope.report.words import field_label
 from vramscope.units import format_bytes as b
 
 
@@ -154,6 +155,7 @@ def explain_peak(report: Report) -> str:
     return text
 
 
-def unavailable(report: Report) -> list[tuple[str, str]]:
-    """What this run could not measure, and why, sorted by key."""
-    return sorted((str(k), str(v)) for k, v in report.unavailable.items())
+def unavailable(report: Report) -> list[tuple[str, str, str]]:
+    """What this run could not measure, in words, its field in the JSON, and why; sorted by
+    field."""
+    return sorted((field_label(str(k)), str(k), str(v)) for k, v in report.unavailable.items())
