@@ -186,6 +186,8 @@ def _is_int(value: Any) -> bool:
 def _shrink_dict(d: dict[str, Any], level: str) -> dict[str, Any]:
     """One level of a config's dict, and the sub-configs inside it, shrunk in place."""
     layer_counts = {k: d[k] for k in _LAYER_KEYS if _is_int(d.get(k)) and d[k] > LAYERS}
+    if isinstance(d.get("depths"), list):  # hierarchical (Swin): num_layers counts stages
+        layer_counts.pop("num_layers", None)
     for key, value in list(d.items()):
         if isinstance(value, dict):
             _shrink_dict(value, level)
@@ -200,10 +202,12 @@ def _shrink_dict(d: dict[str, Any], level: str) -> dict[str, Any]:
             d[key] = min(value, EXPERTS)
         elif key in _TOP_K_KEYS and _is_int(value):
             d[key] = min(value, TOP_K)
-    # lists with one entry per layer follow the new layer count
+    # lists with one entry per layer (layer types, flags) follow the new layer count
     for count in set(layer_counts.values()):
         for key, value in list(d.items()):
-            if isinstance(value, list) and len(value) == count:
+            if not isinstance(value, list) or len(value) != count:
+                continue
+            if "layer" in key or all(isinstance(v, (str, bool)) for v in value):
                 d[key] = value[:LAYERS]
     if level != "small":
         return d
@@ -325,16 +329,37 @@ def parameters_on_meta(config: Any, task: str) -> int:
 
 
 CTC_VOCABULARY = 32  # wav2vec2's character vocabulary, for CTC configs that name none
+TEXT_VOCABULARY = 1024  # for a text model whose default config names no vocabulary
+
+
+def _fill_dict(d: dict[str, Any], task: str) -> bool:
+    """Fill the sizes a default config leaves as None (experts, top-k, vocabulary), in place;
+    whether anything was filled."""
+    filled = False
+    for key, value in list(d.items()):
+        if isinstance(value, dict):
+            filled |= _fill_dict(value, task)
+        elif value is None and key in _EXPERT_KEYS:
+            d[key], filled = EXPERTS, True
+        elif value is None and key in _TOP_K_KEYS:
+            d[key], filled = TOP_K, True
+        elif value is None and key == "vocab_size":
+            d[key] = CTC_VOCABULARY if task == "ctc" else TEXT_VOCABULARY
+            filled = True
+    return filled
 
 
 def complete(config: Any, task: str) -> Any:
-    """What a checkpoint's config has and a default config may lack: a decoder start token
-    for a sequence-to-sequence model (the pad token, as T5's), a vocabulary for a CTC head."""
+    """What a checkpoint's config has and a default config may lack: experts, top-k and a
+    vocabulary where the default leaves them None, a decoder start token for a
+    sequence-to-sequence model (the pad token, as T5's)."""
+    d = config.to_dict()
+    if _fill_dict(d, task):
+        d.pop("transformers_version", None)
+        config = type(config).from_dict(d)
     if task == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
         pad = getattr(config, "pad_token_id", None)
         config.decoder_start_token_id = pad if pad is not None else 0
-    if task == "ctc" and not getattr(config, "vocab_size", None):
-        config.vocab_size = CTC_VOCABULARY
     return config
 
 
