@@ -105,6 +105,7 @@ _AT_MOST = {
     "subsampling_conv_channels": 64,
     "index_topk": 64,
 }
+_SHARED_EXPERT_KEYS = {"n_shared_experts", "num_shared_experts", "moe_num_shared_experts"}
 _HIDDEN_KEYS = {
     "hidden_size",
     "d_model",
@@ -183,17 +184,61 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _layer_keyed(key: str, value: Any) -> bool:
+    """A dict keyed by layer index (Gemma 4's ``per_layer_config``)."""
+    return (
+        "layer" in str(key)
+        and isinstance(value, dict)
+        and bool(value)
+        and all(str(k).isdigit() for k in value)
+    )
+
+
+def _kinds(values: list[Any]) -> list[int]:
+    """The index of the first layer of each kind in a per-layer list."""
+    seen: dict[str, int] = {}
+    for i, value in enumerate(values):
+        seen.setdefault(json.dumps(value, sort_keys=True), i)
+    return sorted(seen.values())
+
+
+def _cover(values: list[Any], n: int) -> list[Any]:
+    """``n`` entries of a per-layer list, in order, keeping one layer of each kind (hybrid
+    models keep an attention layer beside their linear or state-space ones)."""
+    chosen = set(_kinds(values)[:n])
+    for i in range(len(values)):
+        if len(chosen) >= n:
+            break
+        chosen.add(i)
+    return [values[i] for i in sorted(chosen)]
+
+
+def _per_layer(key: str, value: Any, count: int) -> bool:
+    """Whether a list has one entry per layer (layer types, flags) of ``count`` layers."""
+    if not isinstance(value, list) or len(value) != count:
+        return False
+    return "layer" in str(key) or all(isinstance(v, (str, bool)) for v in value)
+
+
 def _shrink_dict(d: dict[str, Any], level: str) -> dict[str, Any]:
     """One level of a config's dict, and the sub-configs inside it, shrunk in place."""
+    for key, value in list(d.items()):
+        if isinstance(value, dict) and not _layer_keyed(key, value):
+            _shrink_dict(value, level)
     layer_counts = {k: d[k] for k in _LAYER_KEYS if _is_int(d.get(k)) and d[k] > LAYERS}
     if isinstance(d.get("depths"), list):  # hierarchical (Swin): num_layers counts stages
         layer_counts.pop("num_layers", None)
+    # as many layers as the kinds of layer a per-layer list has (2 to 4)
+    kinds = [
+        len(_kinds(value))
+        for count in set(layer_counts.values())
+        for key, value in d.items()
+        if _per_layer(key, value, count)
+    ]
+    n = max(LAYERS, min(4, max(kinds, default=0)))
     for key, value in list(d.items()):
-        if isinstance(value, dict):
-            _shrink_dict(value, level)
-            continue
         if key in layer_counts:
-            d[key] = LAYERS
+            d[key] = min(value, n)
         elif key == "depths" and isinstance(value, list) and all(_is_int(v) for v in value):
             d[key] = [1] * len(value)
         elif key in _AT_MOST and _is_int(value):
@@ -202,13 +247,31 @@ def _shrink_dict(d: dict[str, Any], level: str) -> dict[str, Any]:
             d[key] = min(value, EXPERTS)
         elif key in _TOP_K_KEYS and _is_int(value):
             d[key] = min(value, TOP_K)
-    # lists with one entry per layer (layer types, flags) follow the new layer count
     for count in set(layer_counts.values()):
         for key, value in list(d.items()):
-            if not isinstance(value, list) or len(value) != count:
-                continue
-            if "layer" in key or all(isinstance(v, (str, bool)) for v in value):
-                d[key] = value[:LAYERS]
+            if _per_layer(key, value, count):
+                d[key] = _cover(value, min(count, n))
+            elif (
+                "layer" in str(key)
+                and isinstance(value, list)
+                and value
+                and all(_is_int(v) and 0 <= v < count for v in value)
+            ):  # indices of some layers (attention, MoE): those that remain, or the last
+                d[key] = [v for v in value if v < n] or [n - 1]
+            elif _layer_keyed(key, value):
+                kept = {k: v for k, v in value.items() if int(k) < n}
+                d[key] = kept or {str(n - 1): next(iter(value.values()))}
+    if "num_layers_per_stack" in d:  # HRM: the layer count is made from it after the build
+        d["num_layers_per_stack"] = None
+    # a layer kind every k layers from an offset (Jamba's attention and experts)
+    for key, value in list(d.items()):
+        if not isinstance(key, str):
+            continue
+        if key.endswith("_period") and "layer" in key and _is_int(value) and value > n:
+            d[key] = n
+            offset = key.replace("_period", "_offset")
+            if _is_int(d.get(offset)):
+                d[offset] = d[offset] % n
     if level != "small":
         return d
     heads = None
@@ -243,6 +306,19 @@ def _shrink_dict(d: dict[str, Any], level: str) -> dict[str, Any]:
             d["head_dim"] = d["qk_rope_head_dim"]
         if "qk_head_dim" in d and _is_int(d.get("qk_nope_head_dim")):
             d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    # Mamba-2 heads: heads × head dim = expand × hidden size, and groups divide the heads
+    for heads_key, dim_key, expand_key in (
+        ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+        ("num_heads", "head_dim", "expand"),
+    ):
+        hidden = next((d[k] for k in _HIDDEN_KEYS if _is_int(d.get(k))), None)
+        if all(_is_int(d.get(k)) for k in (heads_key, dim_key, expand_key)) and hidden:
+            inner = int(d[expand_key]) * hidden
+            d[heads_key] = min(d[heads_key], 8)
+            d[dim_key] = inner // d[heads_key]
+            for groups in ("mamba_n_groups", "n_groups"):
+                if _is_int(d.get(groups)) and d[heads_key] % d[groups]:
+                    d[groups] = 1
     if isinstance(d.get("intermediate_size"), list):
         d["intermediate_size"] = [min(v, INTERMEDIATE) for v in d["intermediate_size"]]
     return d
@@ -261,7 +337,7 @@ def shrink(config: Any, level: str = "small") -> Any:
         return copy.deepcopy(config)
     d = _shrink_dict(config.to_dict(), level)
     d.pop("transformers_version", None)
-    return type(config).from_dict(d)
+    return type(config).from_dict(_plain(d))
 
 
 # ---- which models ----------------------------------------------------------------------------
@@ -312,19 +388,32 @@ def candidates(only: list[str] | None = None) -> list[dict[str, str]]:
 
 
 def _first(exc: BaseException) -> str:
+    """``Type: first line (at file.py:N)``, the innermost frame named."""
+    import traceback
+
     text = str(exc).strip()
     line = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {line}"[:300]
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {line[:240]}{where}"
 
 
-def parameters_on_meta(config: Any, task: str) -> int:
-    """The model's parameter count, built on the meta device (no memory, no init)."""
+def parameters_on_meta(config: Any, task: str, cls: str | None = None) -> int:
+    """The model's parameter count, built on the meta device (no memory, no init), or on
+    the CPU where a constructor cannot build on the meta device (LeViT)."""
     import torch
     import transformers
 
     auto = getattr(transformers, SWEEP_TASKS[task][1])
-    with quiet(), torch.device("meta"):
-        model = auto.from_config(config)
+    if cls is not None:
+        config = copy.deepcopy(config)
+        config.architectures = [cls]
+    try:
+        with quiet(), torch.device("meta"):
+            model = auto.from_config(config)
+    except Exception:
+        with quiet():
+            model = auto.from_config(config)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -332,21 +421,77 @@ CTC_VOCABULARY = 32  # wav2vec2's character vocabulary, for CTC configs that nam
 TEXT_VOCABULARY = 1024  # for a text model whose default config names no vocabulary
 
 
+DEFAULT_ROPE_THETA = 10_000.0
+
+
 def _fill_dict(d: dict[str, Any], task: str) -> bool:
-    """Fill the sizes a default config leaves as None (experts, top-k, vocabulary), in place;
-    whether anything was filled."""
+    """Fill what a default config leaves as None and its model needs (experts, top-k, a
+    vocabulary, key-value heads, head dims, a rotary base, attention layers of a hybrid),
+    in place; whether anything was filled."""
     filled = False
+    heads = next((d[k] for k in _HEAD_KEYS if _is_int(d.get(k))), None)
+    hidden = next((d[k] for k in _HIDDEN_KEYS if _is_int(d.get(k))), None)
+    layers = next((d[k] for k in _LAYER_KEYS if _is_int(d.get(k))), LAYERS)
     for key, value in list(d.items()):
         if isinstance(value, dict):
             filled |= _fill_dict(value, task)
-        elif value is None and key in _EXPERT_KEYS:
-            d[key], filled = EXPERTS, True
-        elif value is None and key in _TOP_K_KEYS:
-            d[key], filled = TOP_K, True
-        elif value is None and key == "vocab_size":
-            d[key] = CTC_VOCABULARY if task == "ctc" else TEXT_VOCABULARY
-            filled = True
+            continue
+        if value is not None:
+            continue
+        fill: Any = None
+        if key in _EXPERT_KEYS:
+            fill = EXPERTS
+        elif key in _TOP_K_KEYS:
+            fill = TOP_K
+        elif key in _SHARED_EXPERT_KEYS:
+            fill = 1
+        elif key == "vocab_size":
+            fill = CTC_VOCABULARY if task == "ctc" else TEXT_VOCABULARY
+            # a config without a vocabulary has no special tokens either (ESM)
+            for special, value in (("pad_token_id", 1), ("mask_token_id", 2)):
+                if special in d and d[special] is None:
+                    d[special] = value
+        elif key in _KV_HEAD_KEYS and heads:
+            fill = heads
+        elif key == "head_dim" and heads and hidden:
+            fill = hidden // heads
+        elif key == "rope_theta":
+            fill = DEFAULT_ROPE_THETA
+        elif str(key).endswith("layer_indices"):  # a hybrid with no attention layer named
+            fill = [layers - 1]
+        if fill is not None:
+            d[key], filled = fill, True
     return filled
+
+
+# what every transformers config has; a nested part that is no model's config of its own
+# (model_type "") takes none of them back (DBRX's attention and FFN parts)
+_GENERIC_KEYS = {
+    "_name_or_path",
+    "architectures",
+    "chunk_size_feed_forward",
+    "dtype",
+    "id2label",
+    "is_encoder_decoder",
+    "label2id",
+    "model_type",
+    "output_attentions",
+    "output_hidden_states",
+    "problem_type",
+    "return_dict",
+    "torch_dtype",
+    "transformers_version",
+}
+
+
+def _plain(d: dict[str, Any], nested: bool = False) -> dict[str, Any]:
+    """The dict without the generic keys of nested parts whose model type is empty."""
+    out = {}
+    for key, value in d.items():
+        if nested and d.get("model_type") == "" and key in _GENERIC_KEYS:
+            continue
+        out[key] = _plain(value, True) if isinstance(value, dict) else value
+    return out
 
 
 def complete(config: Any, task: str) -> Any:
@@ -356,7 +501,7 @@ def complete(config: Any, task: str) -> Any:
     d = config.to_dict()
     if _fill_dict(d, task):
         d.pop("transformers_version", None)
-        config = type(config).from_dict(d)
+        config = type(config).from_dict(_plain(d))
     if task == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
         pad = getattr(config, "pad_token_id", None)
         config.decoder_start_token_id = pad if pad is not None else 0
@@ -369,12 +514,12 @@ def config_dict(config: Any, cls: str) -> dict[str, Any]:
     config.architectures = [cls]
     d = config.to_dict()
     d.pop("transformers_version", None)
-    return d
+    return _plain(d)
 
 
 def check(d: dict[str, Any], key: str, task: str) -> None:
-    """Build the model of a config dict and run one real CPU training step (batch 1; text
-    of 32 tokens, audio of its default length)."""
+    """Build the model of a config dict and run one real CPU training step (batch 2, as the
+    sweep's real step; text of 32 tokens, audio of its default length)."""
     import torch
 
     from vramscope.workload import StepRunner, resolve
@@ -386,7 +531,7 @@ def check(d: dict[str, Any], key: str, task: str) -> None:
     text = task in ("causal-lm", "masked-lm", "seq2seq-lm")
     try:
         with quiet():
-            workload = resolve(f"hf:{path}" + ("/seq=32" if text else "")).build(1, cpu)
+            workload = resolve(f"hf:{path}" + ("/seq=32" if text else "")).build(2, cpu)
             StepRunner(workload, cpu)()
     finally:
         path.unlink(missing_ok=True)
@@ -405,7 +550,7 @@ def choose(row: dict[str, str]) -> dict[str, Any]:
         try:
             with quiet():
                 config = complete(shrink(base, level), row["task"])
-            params = parameters_on_meta(config, row["task"])
+            params = parameters_on_meta(config, row["task"], row["class"])
             if level == "default" and params > DEFAULT_LIMIT:
                 out["tried"][level] = f"too large: {params / 1e6:.0f}M parameters"
                 continue

@@ -248,6 +248,7 @@ def main() -> int:
     parser.add_argument("--ids", nargs="*")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--fresh", action="store_true", help="ignore an existing results file")
+    parser.add_argument("--redo-errors", action="store_true", help="measure failed rows again")
     parser.add_argument("--selftest", action="store_true", help="3 workloads on the CPU")
     args = parser.parse_args()
     started = time.monotonic()
@@ -284,7 +285,11 @@ def main() -> int:
     assert not torch.cuda.is_initialized(), "the parent must not create a CUDA context"
 
     document = load(out) if not args.fresh else {"meta": {}, "rows": []}
-    known = {r["id"]: r for r in document.get("rows", []) if "lost" not in r}
+    known = {
+        r["id"]: r
+        for r in document.get("rows", [])
+        if "lost" not in r and (r.get("ok") or not args.redo_errors)
+    }
     todo = [r for r in rows if r["id"] not in known]
     meta: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
@@ -294,9 +299,14 @@ def main() -> int:
         "libraries": library_versions(),
         "torch": torch.__version__,
     }
+    # the children's CPU work (building models) shares the cores
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(args.jobs, 1)))
     if not args.selftest:
         info: dict[str, Any] = {}
         run_all(_info_child, [{"id": "gpu"}], lambda _r, res: info.update(res), timeout=120)
+        if "gpu" not in info:
+            print(f"a child process cannot use the GPU: {info}")
+            return 2
         meta.update({k: v for k, v in info.items() if k not in ("process_index", "pid")})
     total = int(meta.get("total_bytes") or 0)
     budget_bytes = int(total * args.gpu_share) if total else None

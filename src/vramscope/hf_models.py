@@ -359,6 +359,8 @@ def build_model(
     if attn:
         kwargs["attn_implementation"] = attn
     factory: Callable[..., torch.nn.Module] = getattr(transformers, auto).from_config
+    if getattr(config, "architectures", ()) is None:
+        config.architectures = []  # the auto classes iterate it to pick among several classes
     try:
         with _quiet_transformers(), device or contextlib.nullcontext():
             return factory(config, **kwargs)
@@ -456,23 +458,15 @@ def batch_and_loss(
 
         return batch, loss
     if task == "sequence-classification":
-        labels_count = int(getattr(config, "num_labels", 2) or 2)
-
-        def batch_cls() -> dict[str, torch.Tensor]:
-            ids = torch.randint(0, vocab, (b, seq), device=device)
-            return {"input_ids": ids, "labels": torch.randint(0, labels_count, (b,), device=device)}
-
-        def loss_cls(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
-            if mode == "infer":
-                return model(input_ids=input_ids).logits
-            return model(input_ids=input_ids, labels=labels).loss
-
-        return batch_cls, loss_cls
+        return _token_classification(config, mode, shapes, vocab, device)
     if task in AUDIO_TASKS:
         return _audio(config, task, mode, shapes, device)
     vision = vision_config(config)
     size = _image_size(vision)
     channels = int(getattr(vision, "num_channels", 3) or 3)
+    if task == "image-classification" and _main_input(config, task) == "input_ids":
+        # ImageGPT: an image as a sequence of colour-cluster ids
+        return _token_classification(config, mode, shapes, vocab, device)
     if task == "image-classification":
         labels_count = int(getattr(config, "num_labels", 2) or 2)
 
@@ -519,6 +513,29 @@ def batch_and_loss(
         return hidden if mode == "infer" else hidden.float().mean()
 
     return batch_base, loss_base
+
+
+def _main_input(config: Any, task: str) -> str | None:
+    return getattr(model_class(config, task), "main_input_name", None)
+
+
+def _token_classification(
+    config: Any, mode: str, shapes: Shapes, vocab: int, device: torch.device
+) -> tuple[Callable[[], Any], Callable[..., Any]]:
+    """A classifier of token sequences: ids of ``seq`` tokens and a label per sequence."""
+    b, seq = shapes.batch_size, shapes.seq
+    labels_count = int(getattr(config, "num_labels", 2) or 2)
+
+    def batch() -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab, (b, seq), device=device)
+        return {"input_ids": ids, "labels": torch.randint(0, labels_count, (b,), device=device)}
+
+    def loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+        if mode == "infer":
+            return model(input_ids=input_ids).logits
+        return model(input_ids=input_ids, labels=labels).loss
+
+    return batch, loss
 
 
 def model_class(config: Any, task: str) -> type | None:
