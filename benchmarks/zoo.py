@@ -205,14 +205,16 @@ def status(row: dict[str, Any]) -> str:
         return "pending"
     if not real.get("ran"):
         return "not runnable"
+    if row.get("cpu_only"):
+        return "cpu only"
     if est is None:
         return "pending"
     return "estimated" if est.get("ok") else "estimate failed"
 
 
 def counts(row: dict[str, Any]) -> bool:
-    """Whether a row counts for coverage: its real step ran."""
-    return bool((row.get("real") or {}).get("ran"))
+    """Whether a row counts for coverage: its real step ran, and it is made for a GPU."""
+    return bool((row.get("real") or {}).get("ran")) and not row.get("cpu_only")
 
 
 def estimated(row: dict[str, Any]) -> bool:
@@ -242,6 +244,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "workloads": len(mine),
             "ran_real_step": len(counted),
             "not_runnable": sum(1 for r in mine if status(r) == "not runnable"),
+            "cpu_only": sum(1 for r in mine if r.get("cpu_only")),
             "estimated": len(ok),
             "coverage_pct": round(100 * len(ok) / len(counted), 1) if counted else None,
         }
@@ -323,6 +326,7 @@ def table(document: dict[str, Any]) -> str:
         lines.append(
             f"  {lib:12s} {s['estimated']:4d} of {s['ran_real_step']:4d} estimate ({pct}); "
             f"{s['not_runnable']} of {s['workloads']} workloads do not run on the CPU"
+            + (f", {s['cpu_only']} run on the CPU only" if s["cpu_only"] else "")
         )
     pct = f"{summ['coverage_pct']:.1f} %" if summ["coverage_pct"] is not None else "-"
     lines.append(f"  {'all':12s} {summ['estimated']:4d} of {summ['ran_real_step']:4d} ({pct})")

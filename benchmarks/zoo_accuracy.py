@@ -74,7 +74,7 @@ def join(estimates: list[dict[str, Any]], measured: dict[str, dict[str, Any]]) -
         row["precision"] = est_row.get("precision")
         row["ran_cpu"] = bool(real.get("ran"))
         row["ran_gpu"] = bool(gpu and gpu.get("ok"))
-        row["counts"] = row["ran_cpu"] or row["ran_gpu"]
+        row["counts"] = (row["ran_cpu"] or row["ran_gpu"]) and not est_row.get("cpu_only")
         row["estimated"] = zoo.estimated(est_row)
         err = zoo.error_of(est_row)
         if not row["estimated"] and err:

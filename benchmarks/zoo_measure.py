@@ -198,7 +198,7 @@ def need_bytes(row: dict[str, Any]) -> int:
 
 def rows_to_measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     sweep = json.loads(Path(args.sweep).read_text())["rows"]
-    rows = [r for r in sweep if args.only in (None, r["library"])]
+    rows = [r for r in sweep if args.only in (None, r["library"]) and not r.get("cpu_only")]
     if args.ids:
         rows = [r for r in rows if r["id"] in args.ids or r["spec"] in args.ids]
     if args.limit:

@@ -2,7 +2,8 @@
 
 A workload row is a dict: ``id`` (unique), ``spec``, ``library``, ``family`` (timm's module,
 transformers' model type, torchvision's task, the layer's name), ``task``, ``batch``,
-``precision``. Batch sizes are small, so that each one measures in seconds on a GPU: vision
+``precision``, and ``cpu_only`` for models that cannot run on a GPU (torchvision's quantized
+ones: they are run, but count for no coverage). Batch sizes are small, so that each one measures in seconds on a GPU: vision
 8–16 images (4 at detection's 800 pixels and for 224-pixel video clips), transformers batch
 4 at 128 tokens, a third of the rows in ``bf16-mixed`` (picked by a hash of the spec, so
 the choice does not move when models are added) so that autocast paths are covered.
@@ -92,6 +93,8 @@ def torchvision_rows() -> list[dict[str, Any]]:
             batch = _TORCHVISION_LARGE.get(name, _TORCHVISION_BATCH[task])
         spec = f"torchvision:{name}" + ("@infer" if task == tv.QUANTIZED else "")
         rows.append(_row(spec, "torchvision", task, task, batch))
+        if task == tv.QUANTIZED:
+            rows[-1]["cpu_only"] = True  # int8 kernels: no GPU to estimate for
     for name in _TORCHVISION_INFER:
         if name.startswith("quantized_"):
             continue  # already an inference row
