@@ -57,27 +57,36 @@ LARGE_PARAMETERS = 1_000_000_000
 
 _NUMBER = re.compile(r"\b\d+(\.\d+)?\b")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
-_PATHISH = re.compile(r"\(at [^)]*\)|\S+\.py:\d+")
+_PATHISH = re.compile(r"\(at [^()]*(\([^)]*\))?\)|\S+\.py:\d+")
 _SHAPE = re.compile(r"\[[^\]]*\]|\([\d, ]+\)")
 
 
-def error_class(kind: str, message: str) -> str:
-    """A class of errors: the exception's type and its message with the particulars (numbers,
-    names in quotes, shapes, file and line) taken out, at most 90 characters."""
+_TRACING = re.compile(r"^tracing \S+ failed in the (\w+) phase of step \d+: (.*)$")
+
+
+def error_class(kind: str, message: str, spec: str = "") -> str:
+    """A class of errors: the exception's type and its message with the particulars (the
+    workload, numbers, names in quotes, shapes, file and line) taken out; a failed trace is
+    classed by the error inside it and the phase it came in. At most 120 characters."""
+    if spec:
+        message = message.replace(spec, "SPEC")
+    traced = _TRACING.match(message)
+    if traced:
+        kind, message = f"{kind} in {traced.group(1)}", traced.group(2)
     text = _PATHISH.sub("", message)
     text = _QUOTED.sub("'…'", text)
     text = _SHAPE.sub("[…]", text)
     text = _NUMBER.sub("N", text)
     text = " ".join(text.split())
-    return f"{kind}: {text}"[:90]
+    return f"{kind}: {text}"[:120]
 
 
-def describe_error(exc: BaseException) -> dict[str, str]:
+def describe_error(exc: BaseException, spec: str = "") -> dict[str, str]:
     message = without_paths(first_line(exc))
     return {
         "type": type(exc).__name__,
         "message": message[:400],
-        "class": error_class(type(exc).__name__, message),
+        "class": error_class(type(exc).__name__, message, spec),
     }
 
 
@@ -113,7 +122,7 @@ def real_step(row: dict[str, Any]) -> dict[str, Any]:
         out["ran"] = True
     except Exception as exc:
         out["ran"] = False
-        out["error"] = describe_error(exc)
+        out["error"] = describe_error(exc, row["spec"])
     out["seconds"] = round(time.perf_counter() - start, 2)
     return out
 
@@ -129,7 +138,7 @@ def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:
         return {
             "ok": False,
-            "error": describe_error(exc),
+            "error": describe_error(exc, row["spec"]),
             "seconds": round(time.perf_counter() - start, 2),
         }
     extra = report.extra.get("estimate", {})
@@ -225,13 +234,22 @@ def error_of(row: dict[str, Any]) -> dict[str, str] | None:
     """The estimate's error (or the loss of the child while it estimated)."""
     est = row.get("estimate") or {}
     if est.get("error"):
-        return est["error"]
+        err = est["error"]
+        return {**err, "class": error_class(err["type"], err["message"], row["spec"])}
     if row.get("lost"):
         kind = "Timeout" if row["lost"].startswith("timeout") else "Crash"
         return {"type": kind, "message": row["lost"], "class": f"{kind}: {row['lost']}"}
     if row.get("harness_error"):
         return {"type": "Harness", "message": row["harness_error"], "class": row["harness_error"]}
     return None
+
+
+def real_error(row: dict[str, Any]) -> dict[str, str] | None:
+    """The real step's error, classed."""
+    err = (row.get("real") or {}).get("error")
+    if not err:
+        return None
+    return {**err, "class": error_class(err["type"], err["message"], row["spec"])}
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -262,7 +280,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for row in rows:
         if status(row) != "not runnable":
             continue
-        err = (row.get("real") or {}).get("error") or {"class": row.get("lost", "?")}
+        err = real_error(row) or {"class": row.get("lost", "?")}
         entry = not_runnable.setdefault(err["class"], {"count": 0, "specs": []})
         entry["count"] += 1
         entry["specs"].append(row["spec"])
@@ -313,7 +331,7 @@ def table(document: dict[str, Any]) -> str:
     for row in rows:
         est = row.get("estimate") or {}
         peak = est.get("peak") or {}
-        err = error_of(row) if counts(row) else (row.get("real") or {}).get("error")
+        err = error_of(row) if counts(row) else real_error(row)
         lines.append(
             f"{row['spec'][:78]:78s} {row['batch']:5d} {row['precision']:10s} "
             f"{status(row):16s} {est.get('seconds', float('nan')):6.1f} "
@@ -429,7 +447,7 @@ def main() -> int:
             finish(out, document)
             done += 1
             est = known[row["id"]].get("estimate") or {}
-            err = error_of(known[row["id"]]) or (known[row["id"]].get("real") or {}).get("error")
+            err = error_of(known[row["id"]]) or real_error(known[row["id"]])
             print(
                 f"[{done}/{len(todo)} {time.perf_counter() - started:6.0f}s] "
                 f"{row['id'][:80]:80s} {status(known[row['id']]):16s} "

@@ -138,10 +138,10 @@ def measure_one(row: dict[str, Any], note: Callable[[dict[str, Any]], None]) -> 
         out["ok"] = True
     except torch.cuda.OutOfMemoryError as exc:
         out["ok"] = False
-        out["error"] = {**describe_error(exc), "class": "OutOfMemoryError"}
+        out["error"] = {**describe_error(exc, row["spec"]), "class": "OutOfMemoryError"}
     except Exception as exc:
         out["ok"] = False
-        out["error"] = describe_error(exc)
+        out["error"] = describe_error(exc, row["spec"])
     out["seconds"] = round(time.perf_counter() - start, 2)
     out["steps"] = steps
     if cuda:
