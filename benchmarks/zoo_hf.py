@@ -235,6 +235,16 @@ def _shrink_dict(d: dict[str, Any], level: str) -> dict[str, Any]:
         for key, value in d.items()
         if _per_layer(key, value, count)
     ]
+    # a repeating pattern of layer kinds (Recurrent Gemma's recurrent, recurrent, attention):
+    # enough layers that every kind comes up
+    kinds += [
+        _kinds(value)[-1] + 1
+        for key, value in d.items()
+        if isinstance(value, list)
+        and value
+        and all(isinstance(v, str) for v in value)
+        and 0 < len(value) < min(layer_counts.values(), default=0)
+    ]
     n = max(LAYERS, min(4, max(kinds, default=0)))
     for key, value in list(d.items()):
         if key in layer_counts:
