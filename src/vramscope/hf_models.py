@@ -47,6 +47,12 @@ _TASKS = (
         "AutoModelForImageClassification",
     ),
     (
+        "audio-classification",
+        "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForAudioClassification",
+    ),
+    ("ctc", "MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
+    (
         "contrastive",
         "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
         "AutoModelForZeroShotImageClassification",
@@ -59,9 +65,14 @@ _SUFFIXES = (
     ("ForMaskedLM", "masked-lm"),
     ("ForSequenceClassification", "sequence-classification"),
     ("ForImageClassification", "image-classification"),
+    ("ForAudioClassification", "audio-classification"),
+    ("ForCTC", "ctc"),
     ("ForConditionalGeneration", "seq2seq-lm"),
 )
 TEXT_GENERATION_TASKS = ("causal-lm", "seq2seq-lm")
+AUDIO_TASKS = ("audio-classification", "ctc")
+SAMPLE_RATE = 16_000  # raw audio: one second by default
+FRAMES_PER_SECOND = 100  # log-mel features: 10 ms frames
 
 
 # ---- remote code -----------------------------------------------------------------------------
@@ -310,8 +321,9 @@ def task_of(config: Any) -> tuple[str, str]:
             return task, auto
     if arch:
         raise WorkloadError(
-            f"hf: builds causal and sequence-to-sequence LMs, masked LMs, classifiers, "
-            f"CLIP-style and base models; {arch} is none of these"
+            f"hf: builds causal and sequence-to-sequence LMs, masked LMs, text, image and "
+            f"audio classifiers, CTC speech models, CLIP-style and base models; {arch} is "
+            "none of these"
         )
     raise WorkloadError(f"transformers has no model for the config type {model_type!r}")
 
@@ -347,6 +359,8 @@ def build_model(
     if attn:
         kwargs["attn_implementation"] = attn
     factory: Callable[..., torch.nn.Module] = getattr(transformers, auto).from_config
+    if getattr(config, "architectures", ()) is None:
+        config.architectures = []  # the auto classes iterate it to pick among several classes
     try:
         with _quiet_transformers(), device or contextlib.nullcontext():
             return factory(config, **kwargs)
@@ -390,6 +404,10 @@ def max_positions(config: Any) -> int | None:
 
 
 def default_sequence(config: Any, task: str) -> int:
+    """The default sequence length: for audio, one second (samples of raw audio, or feature
+    frames); for text, the model's positions, at most 1,024."""
+    if task in AUDIO_TASKS:
+        return SAMPLE_RATE if audio_layout(config, task).kind == "raw" else FRAMES_PER_SECOND
     longest = max_positions(config)
     if task == "contrastive":
         return longest or 77
@@ -440,21 +458,15 @@ def batch_and_loss(
 
         return batch, loss
     if task == "sequence-classification":
-        labels_count = int(getattr(config, "num_labels", 2) or 2)
-
-        def batch_cls() -> dict[str, torch.Tensor]:
-            ids = torch.randint(0, vocab, (b, seq), device=device)
-            return {"input_ids": ids, "labels": torch.randint(0, labels_count, (b,), device=device)}
-
-        def loss_cls(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
-            if mode == "infer":
-                return model(input_ids=input_ids).logits
-            return model(input_ids=input_ids, labels=labels).loss
-
-        return batch_cls, loss_cls
+        return _token_classification(config, mode, shapes, vocab, device)
+    if task in AUDIO_TASKS:
+        return _audio(config, task, mode, shapes, device)
     vision = vision_config(config)
     size = _image_size(vision)
     channels = int(getattr(vision, "num_channels", 3) or 3)
+    if task == "image-classification" and _main_input(config, task) == "input_ids":
+        # ImageGPT: an image as a sequence of colour-cluster ids
+        return _token_classification(config, mode, shapes, vocab, device)
     if task == "image-classification":
         labels_count = int(getattr(config, "num_labels", 2) or 2)
 
@@ -501,6 +513,179 @@ def batch_and_loss(
         return hidden if mode == "infer" else hidden.float().mean()
 
     return batch_base, loss_base
+
+
+def _main_input(config: Any, task: str) -> str | None:
+    return getattr(model_class(config, task), "main_input_name", None)
+
+
+def _token_classification(
+    config: Any, mode: str, shapes: Shapes, vocab: int, device: torch.device
+) -> tuple[Callable[[], Any], Callable[..., Any]]:
+    """A classifier of token sequences: ids of ``seq`` tokens and a label per sequence."""
+    b, seq = shapes.batch_size, shapes.seq
+    labels_count = int(getattr(config, "num_labels", 2) or 2)
+
+    def batch() -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab, (b, seq), device=device)
+        return {"input_ids": ids, "labels": torch.randint(0, labels_count, (b,), device=device)}
+
+    def loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
+        if mode == "infer":
+            return model(input_ids=input_ids).logits
+        return model(input_ids=input_ids, labels=labels).loss
+
+    return batch, loss
+
+
+def model_class(config: Any, task: str) -> type | None:
+    """The transformers class a config builds for ``task``: its ``architectures``, else its
+    model type's entry in the task's auto mapping (None when transformers has none)."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    if arch is None:
+        mapping = next((m for t, m, _ in _TASKS if t == task), None)
+        names = getattr(modeling_auto, mapping, {}) if mapping else {}
+        arch = names.get(getattr(config, "model_type", None))
+        if isinstance(arch, (list, tuple)):
+            arch = arch[0]
+    found = getattr(transformers, arch, None) if isinstance(arch, str) else None
+    return found if isinstance(found, type) else None
+
+
+@dataclass(frozen=True)
+class AudioLayout:
+    """How a speech model takes its audio: the keyword, and the shape of one example.
+
+    ``kind``: ``raw`` (samples, ``(B, T)``), ``frames`` (feature frames, ``(B, T, dim)``),
+    ``mel-first`` (Whisper's log-mel spectrogram, ``(B, dim, T)``, of a fixed length) or
+    ``spectrogram`` (AST's ``(B, T, dim)`` of a fixed length)."""
+
+    keyword: str
+    kind: str
+    dim: int = 0
+    fixed_length: int | None = None
+
+
+def audio_layout(config: Any, task: str) -> AudioLayout:
+    """The main input of a speech model: its class's ``main_input_name``, shaped from the
+    config (raw audio for ``input_values``; log-mel frames for ``input_features``)."""
+    cls = model_class(config, task)
+    keyword = getattr(cls, "main_input_name", None) or "input_values"
+    encoder = getattr(config, "encoder_config", None) or config
+    mel = getattr(config, "num_mel_bins", None) or getattr(encoder, "num_mel_bins", None)
+    if keyword == "input_values":
+        if mel and getattr(config, "max_length", None):  # AST: a spectrogram, fixed length
+            return AudioLayout(keyword, "spectrogram", int(mel), int(config.max_length))
+        return AudioLayout(keyword, "raw")
+    sources = getattr(config, "max_source_positions", None)
+    if mel and sources:  # Whisper: mel bins first, two frames per encoder position
+        return AudioLayout(keyword, "mel-first", int(mel), 2 * int(sources))
+    dim = getattr(config, "feature_projection_input_dim", None)
+    if dim is None and mel:
+        # stacked frames: a model that projects num_mel_bins * k features at its input
+        dim = int(mel) * int(getattr(config, "stacked_frames", 0) or _stacking(cls, config))
+    if not dim:
+        raise WorkloadError(
+            f"cannot tell the shape of {keyword} for {getattr(config, 'model_type', '?')}: "
+            "its config names no feature size"
+        )
+    return AudioLayout(keyword, "frames", int(dim))
+
+
+def _stacking(cls: type | None, config: Any) -> int:
+    """How many frames a features model stacks at its input (``num_mel_bins * k`` in its
+    source: Granite Speech stacks 4), else 1."""
+    import inspect
+    import sys
+
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    found = re.search(r"num_mel_bins\s*\*\s*(\d+)", source)
+    return int(found.group(1)) if found else 1
+
+
+def _ctc_padding(cls: type | None, config: Any) -> int:
+    """The value that pads CTC labels: -100, or the pad token where the model masks labels
+    by ``labels != pad_token_id``."""
+    import inspect
+
+    try:
+        source = inspect.getsource(cls.forward) if cls is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    if "!= self.config.pad_token_id" in source and config.pad_token_id is not None:
+        return int(config.pad_token_id)
+    return -100
+
+
+def _conv_frames(samples: int, config: Any) -> int:
+    """Frames out of a wav2vec2-style convolutional feature encoder for ``samples``."""
+    length = samples
+    for kernel, stride in zip(
+        getattr(config, "conv_kernel", ()) or (),
+        getattr(config, "conv_stride", ()) or (),
+        strict=False,
+    ):
+        length = (length - int(kernel)) // int(stride) + 1
+    return max(length, 1)
+
+
+def _audio(
+    config: Any, task: str, mode: str, shapes: Shapes, device: torch.device
+) -> tuple[Callable[[], Any], Callable[..., Any]]:
+    """Audio classification (a label per clip) and CTC (label sequences shorter than the
+    model's output frames, the last one padded)."""
+    layout = audio_layout(config, task)
+    b = shapes.batch_size
+    length = layout.fixed_length or shapes.seq
+    if layout.kind == "raw":
+        shape: tuple[int, ...] = (b, length)
+        frames_out = _conv_frames(length, config)
+    elif layout.kind == "mel-first":
+        shape = (b, layout.dim, length)
+        frames_out = length // 2
+    else:
+        shape = (b, length, layout.dim)
+        frames_out = length // 8  # the most subsampling of these encoders
+    keyword = layout.keyword
+    if task == "ctc":
+        vocab = int(getattr(config, "vocab_size", 0) or 0)
+        if vocab < 2:
+            raise WorkloadError("a CTC model needs a vocabulary of 2 or more tokens")
+        padding = _ctc_padding(model_class(config, task), config)
+        label_length = max(1, frames_out // 2)
+        blank = getattr(config, "pad_token_id", 0)
+        low = 1 if blank in (0, None) else 0
+    else:
+        classes = int(getattr(config, "num_labels", 2) or 2)
+
+    # feature frames come with the mask their feature extractor makes (some encoders
+    # compute their output lengths from it)
+    masked = layout.kind == "frames"
+
+    def batch() -> dict[str, torch.Tensor]:
+        inputs = {keyword: torch.randn(*shape, device=device)}
+        if masked:
+            inputs["attention_mask"] = torch.ones(b, length, dtype=torch.long, device=device)
+        if task != "ctc":
+            return {**inputs, "labels": torch.randint(0, classes, (b,), device=device)}
+        labels = torch.randint(low, vocab, (b, label_length), device=device)
+        if label_length > 1:
+            labels[-1, label_length // 2 :] = padding
+        return {**inputs, "labels": labels}
+
+    def loss(model: torch.nn.Module, labels: torch.Tensor, **inputs: torch.Tensor) -> Any:
+        if mode == "infer":
+            return model(**inputs).logits
+        return model(**inputs, labels=labels).loss
+
+    return batch, loss
 
 
 def _image_size(vision: Any) -> int:

@@ -165,26 +165,28 @@ def torchvision_builder(name: str) -> Builder:
     spec = f"torchvision:{name}"
 
     def build(batch_size: int, device: torch.device) -> Workload:
-        models = _import("torchvision.models", spec)
-        try:
-            factory = models.get_model_builder(model_name)
-        except ValueError:
-            raise WorkloadError(f"torchvision has no model {model_name!r}") from None
-        size = int(opts.get("size", 224))
-        model = factory(weights=None).to(device)
+        _import("torchvision.models", spec)
+        from vramscope import torchvision_models as tv
 
-        def batch() -> tuple[torch.Tensor, torch.Tensor]:
-            x = torch.randn(batch_size, 3, size, size, device=device)
-            y = torch.randint(0, 1000, (batch_size,), device=device)
-            return x, y
-
-        def loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Any:
-            out = model(x)
-            if isinstance(out, dict):  # segmentation / detection style outputs
-                out = out["out"]
-            return F.cross_entropy(out, y) if optim != "infer" else out
-
-        return _workload(model, optim, batch, loss, spec)
+        if tv.task_of(model_name) == tv.QUANTIZED and optim != "infer" and device.type == "cpu":
+            raise WorkloadError(
+                f"{spec} is quantized (int8): it has no weights to train; use "
+                f"torchvision:{model_name}@infer"
+            )
+        model, task = tv.build_model(model_name, device)
+        size = int(opts["size"]) if "size" in opts else None
+        if task == tv.DETECTION:
+            tv.fix_detection_size(model, size)
+        shape = (size, size) if size is not None else tv.default_size(model_name, task, model)
+        training = optim != "infer"
+        batch, loss = tv.batch_and_loss(
+            model_name, task, model, batch_size, shape, training, device
+        )
+        workload = _workload(model, optim, batch, loss, spec)
+        workload.meta["torchvision"] = {"task": task, "size": list(shape)}
+        if task == tv.VIDEO:
+            workload.meta["torchvision"]["frames"] = tv.VIDEO_FRAMES
+        return workload
 
     return build
 
