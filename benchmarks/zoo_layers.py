@@ -47,6 +47,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "vae_channels_last": (32, "32-true"),
     "conv3d_fp16": (8, "16-mixed"),
     "inception_fp32": (32, "32-true"),
+    "lora_llama_1b": (4, "bf16-true"),
 }
 
 
@@ -801,6 +802,49 @@ def inception_fp32(batch_size: int, device: torch.device) -> Workload:
         return F.cross_entropy(model(x), y)
 
     return _workload(model, batch, loss, LAYERS["inception_fp32"][1])
+
+
+def lora_llama_1b(batch_size: int, device: torch.device) -> Workload:
+    """A LoRA fine-tune as a user writes it: a 1.1 B Llama-shaped model in bfloat16, peft's
+    adapters (r=16) on the attention projections, a tokenizer-style batch with an attention
+    mask and explicit positions, 1,024 tokens."""
+    import peft
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32000,
+        max_position_embeddings=2048,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    adapters = peft.LoraConfig(
+        r=16,
+        lora_alpha=32,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        task_type="CAUSAL_LM",
+    )
+    model = peft.get_peft_model(model, adapters).to(device)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    length = 1024
+
+    def batch() -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, config.vocab_size, (batch_size, length), device=device)
+        positions = torch.arange(length, device=device).expand(batch_size, -1)
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "position_ids": positions,
+            "labels": ids,
+        }
+
+    def loss(model: nn.Module, **inputs: torch.Tensor) -> torch.Tensor:
+        return model(**inputs).loss
+
+    return _workload(model, batch, loss, LAYERS["lora_llama_1b"][1], optimizer)
 
 
 assert all(callable(globals().get(name)) for name in LAYERS), "every layer has a builder"

@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._mode_utils import no_dispatch
 
 from vramscope.estimate.recorder import TraceError, on_meta
-from vramscope.estimate.scalars import fits_shadow
+from vramscope.estimate.shadows import fits_shadow
 
 aten = torch.ops.aten
 

@@ -5,8 +5,8 @@ A fake tensor has no values, but many tensors of a step have values that can be 
 for real on the CPU: the batch the user's code makes (ids, labels, masks, lengths), and
 whatever is computed from them and from other small tensors (positions, masks, counts).
 Each such tensor keeps a real twin (its *shadow*), computed op by op beside it: every
-integer and boolean tensor up to :data:`INDEX_SHADOW_LIMIT` elements, and floating-point
-tensors up to :data:`SHADOW_LIMIT`. ``.item()``, ``bool()``, ``.tolist()`` and the ops whose
+integer and boolean tensor up to :data:`~vramscope.estimate.shadows.INDEX_SHADOW_LIMIT` elements, and floating-point
+tensors up to :data:`~vramscope.estimate.shadows.SHADOW_LIMIT`. ``.item()``, ``bool()``, ``.tolist()`` and the ops whose
 output size depends on values (``nonzero``, ``unique``, ``bincount``, boolean indexing,
 ``nms``...) read the shadows, so they are exact.
 
@@ -34,12 +34,9 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vramscope.estimate.recorder import Recorder, TraceError
+from vramscope.estimate.shadows import fits_shadow
 
 aten = torch.ops.aten
-SHADOW_LIMIT = 4096  # elements: small floating-point tensors get real values too
-# elements: integer and boolean tensors (ids, labels, masks, positions, counts, routing)
-# get real values up to this size (32 MiB of int64)
-INDEX_SHADOW_LIMIT = 1 << 22
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the trace's own modules: their frames are never the user's location
 _TRACE_FILES = tuple(
@@ -54,6 +51,8 @@ _TRACE_FILES = tuple(
         "model_state.py",
         "initializers.py",
         "rnn.py",
+        "shadows.py",
+        "cuda_rules.py",
     )
 )
 _SKIP, _OWN = 0, 1
@@ -98,14 +97,6 @@ def op_name(func: Any) -> str:
 
 
 _WRITTEN_ARGS: dict[Any, tuple[int, ...]] = {}  # op -> positions of arguments it writes
-
-
-def fits_shadow(t: torch.Tensor) -> bool:
-    """Whether ``t`` is small enough to keep real values beside it."""
-    limit = (
-        SHADOW_LIMIT if (t.dtype.is_floating_point or t.dtype.is_complex) else INDEX_SHADOW_LIMIT
-    )
-    return t.numel() <= limit
 
 
 # ---- assumptions ---------------------------------------------------------------------------
