@@ -82,6 +82,14 @@ def sparse_adagrad(batch_size, device):
 def sparse_adam(batch_size, device):
     return _sparse(batch_size, device, torch.optim.SparseAdam)
 
+def sparse_twice(batch_size, device):
+    # one sparse embedding looked up twice: autograd sums its two sparse gradients
+    model = nn.Embedding(ROWS, DIM, sparse=True).to(device)
+    def loss(m, a, b):
+        return (m(a) * m(b)).sum()
+    ids = lambda: torch.arange(batch_size * BAG, device=device)
+    return _train(model, lambda: (ids(), ids() + 1), loss, torch.optim.Adagrad(model.parameters()))
+
 EXPERTS, TOKENS, IN, OUT = 4, 64, 32, 10
 
 def grouped_experts(batch_size, device):
@@ -148,6 +156,15 @@ def test_sparse_gradients_have_the_size_of_their_indices_and_values(workloads, o
     dense = 100_000 * 64 * 4
     assert report.categories_at_peak.gradients == gradient
     assert report.categories_at_peak.parameters == dense
+
+
+def test_a_sparse_weight_looked_up_twice_sums_its_sparse_gradients(workloads):
+    # autograd adds the two sparse gradients (sparse + sparse); the trace once read the
+    # storage of the sum, which a sparse tensor does not have
+    report = estimate(f"{workloads}:sparse_twice", 16)
+    one = 16 * 20  # entries of one lookup's gradient
+    assert report.categories_at_peak.gradients >= -(-one * 8 // 512) * 512 + one * 64 * 4
+    assert report.categories_at_peak.parameters == 100_000 * 64 * 4
 
 
 def test_grouped_gemm_in_float32_follows_cudas_rules(workloads):

@@ -11,6 +11,7 @@ fine-tuning (:mod:`vramscope.lora`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from collections.abc import Callable
@@ -201,11 +202,20 @@ def timm_builder(name: str) -> Builder:
             model = timm.create_model(model_name, pretrained=False)
         except RuntimeError as exc:
             raise WorkloadError(f"timm cannot build {model_name!r}: {exc}") from None
+        if not getattr(model, "num_classes", 1000) and hasattr(model, "reset_classifier"):
+            # a backbone without a head (timm's default for some encoders): a classifier of
+            # 1,000 classes, as a user fine-tuning it for classification would add
+            with contextlib.suppress(Exception):
+                model.reset_classifier(1000)
         if "ckpt" in opts and hasattr(model, "set_grad_checkpointing"):
             model.set_grad_checkpointing(True)
         model = model.to(device)
         size = int(opts.get("size", model.default_cfg.get("input_size", (3, 224, 224))[-1]))
-        classes = getattr(model, "num_classes", 1000) or 1000
+        classes = getattr(model, "num_classes", 0)
+        if not classes:
+            raise WorkloadError(
+                f"timm's {model_name} has no classifier to train with labels (num_classes 0)"
+            )
 
         def batch() -> tuple[torch.Tensor, torch.Tensor]:
             x = torch.randn(batch_size, 3, size, size, device=device)

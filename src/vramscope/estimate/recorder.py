@@ -321,6 +321,8 @@ class Recorder:
         if len(args) < 2 or not all(isinstance(a, torch.Tensor) for a in args[:2]):
             return
         a, b = args[0], args[1]
+        if not out.layout == a.layout == b.layout == torch.strided:
+            return  # sparse gradients concatenate into new indices and values
         if a.shape != out.shape or b.shape != out.shape or not a.dtype == b.dtype == out.dtype:
             return
         entry = self.live.get(out.untyped_storage()._cdata)
