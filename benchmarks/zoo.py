@@ -160,6 +160,19 @@ def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
             without_paths(json.dumps(d, default=str)) for d in extra.get("data_dependent", [])
         ][:10],
         "simulated_steps": extra.get("simulated_steps"),
+        # values the trace could not know and assumed (detection's proposals, an MoE's
+        # routing): the peak is the larger of two traces, the other one is the alternative
+        "assumptions": [
+            without_paths(f"{a['kind']} at {a['op']} ({a['where']}): {a['assumed']}")
+            for a in extra.get("assumptions", [])
+        ][:10],
+        "assumption_variant": extra.get("assumption_variant"),
+        "alternative_peak": {
+            key: (extra.get("alternative_peak") or {}).get(key)
+            for key in ("allocated_bytes", "reserved_bytes", "device_used_bytes")
+        }
+        if extra.get("alternative_peak")
+        else None,
     }
 
 

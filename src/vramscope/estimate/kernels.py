@@ -662,10 +662,18 @@ def _conv_transform_bytes(
     convolution over ``gemm_from`` positions or more runs as a GEMM, without. ``gradient``:
     ``"data"`` or ``"weight"`` for the two backward passes (``None``: not said); ``swept``:
     the GPU is the one whose batch sweep showed the rules that depend on it (the H200)."""
-    if transposed or groups != 1 or x.dim() != 4 or not isinstance(out, torch.Tensor):
+    if transposed or groups != 1 or x.dim() not in (4, 5) or not isinstance(out, torch.Tensor):
         return 0
     if not x.is_contiguous():
         return 0  # channels-last (NHWC) already: no transposes
+    if x.dim() == 5:
+        # 3-D (NCDHW): recorded on an H200 in float16 for every layer, the first one over 3
+        # channels included: input, output and weight, for the forward and both gradients.
+        # A float32 forward takes none (3-D ResNets' inference peaks, measured, say so); its
+        # gradients are taken to transpose as float16's do (measured training peaks agree)
+        if forward and x.dtype == torch.float32:
+            return 0
+        return _storage_bytes(x) + _storage_bytes(out) + _storage_bytes(w) + _CUDNN_SLACK
     kh, kw = int(w.shape[2]), int(w.shape[3])
     channels = int(x.shape[1])
     pointwise = kh == kw == 1 and all(int(s) == 1 for s in stride)
@@ -765,7 +773,7 @@ def _conv_backward_workspaces(
             swept=swept,
         )
         ladder: tuple[int, ...] = (0,)
-        if size:
+        if size and x.dim() == 4:  # (3-D: 0 to 3.4 MiB recorded, not modelled)
             # the engine tried next splits K in 3 (recorded under a cap: 56.0 MiB for the
             # example CNN's 128-channel 3x3 layer at batch 215, where 14 slices took 62.2)
             ladder = (size + 3 * out[1].numel() * 4, 0)
