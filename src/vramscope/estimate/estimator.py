@@ -269,10 +269,17 @@ def _context_words(profile: GpuProfile, trace: Trace) -> str:
         training=trace.backward_ran,
         cudnn="cudnn" in trace.libraries,
         cudnn_backward="cudnn_backward" in trace.libraries,
+        cublas_threads=cublas_threads(trace),
     )
     if trace.communicator_bytes:
         text += f", and {format_bytes(trace.communicator_bytes)} for NCCL's communicators"
     return text
+
+
+def cublas_threads(trace: Trace) -> int:
+    """The threads of the step that set up a cuBLAS handle (ran a GEMM): the main thread,
+    autograd's device thread."""
+    return sum(1 for name in trace.libraries if name.startswith("cublas:"))
 
 
 def context_bytes(profile: GpuProfile, trace: Trace) -> int:
@@ -283,6 +290,7 @@ def context_bytes(profile: GpuProfile, trace: Trace) -> int:
             training=trace.backward_ran,
             cudnn="cudnn" in trace.libraries,
             cudnn_backward="cudnn_backward" in trace.libraries,
+            cublas_threads=cublas_threads(trace),
         )
         + trace.communicator_bytes
     )

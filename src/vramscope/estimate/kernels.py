@@ -425,6 +425,8 @@ def _workspace(recorder: Recorder, library: str, size: int) -> None:
     key = ("autograd" if recorder.in_backward else "main", library)
     if key in recorder.threads_with_workspace:
         return
+    if library == "cublas":
+        recorder.libraries.add(f"cublas:{key[0]}")  # this thread sets up a cuBLAS handle
     bid = recorder.persistent(size, "workspace", f"{library} workspace")
     if bid is not None:
         recorder.threads_with_workspace[key] = bid

@@ -37,26 +37,31 @@ class GpuProfile:
     inference_delta_bytes: int = -66 * MiB
     cudnn_bytes: int = 10 * MiB
     cudnn_backward_bytes: int = 6 * MiB
+    # a cuBLAS handle (and its stream) on a thread that runs a GEMM: training sets one up on
+    # the main thread and one on autograd's device thread, inference one
+    cublas_handle_bytes: int = 64 * MiB
     # streaming multiprocessors: CUDA reductions size their grid, and so their float32
     # staging buffers, by them and the threads each can hold
     multiprocessors: int = 132
 
     def context_bytes(
-        self, training: bool = True, cudnn: bool = False, cudnn_backward: bool = False
+        self,
+        training: bool = True,
+        cudnn: bool = False,
+        cudnn_backward: bool = False,
+        cublas_threads: int | None = None,
     ) -> int:
         """Device used minus reserved: the CUDA context and loaded kernels, plus the library
         handles the step creates. On the H200 (CUDA 13, lazy module loading) a training step
         with cuBLAS alone measured 742 MiB; inference, which has no autograd device thread and
         so no second cuBLAS handle and stream, 66 MiB less; cuDNN (convolutions, cuDNN
-        attention) loads its kernels: 10 MiB for forward kernels, 6 MiB more for backward."""
-        total = self.context_and_libraries_bytes
-        if not training:
-            total += self.inference_delta_bytes
-        if cudnn:
-            total += self.cudnn_bytes
-        if cudnn_backward:
-            total += self.cudnn_backward_bytes
-        return total
+        attention) loads its kernels: 10 MiB for forward kernels, 6 MiB more for backward.
+        ``cublas_threads``: the threads that ran a GEMM (``None``: as many as the step has);
+        a thread without one sets up no cuBLAS handle (measured over the zoo sweep: training
+        steps without any GEMM, FCN, DeepLab, SqueezeNet, used 126 to 128 MiB less)."""
+        return sum(
+            n for _, n in self.context_parts(training, cudnn, cudnn_backward, cublas_threads)
+        )
 
     @property
     def sm(self) -> int:
@@ -107,13 +112,28 @@ class GpuProfile:
         )
 
     def context_parts(
-        self, training: bool = True, cudnn: bool = False, cudnn_backward: bool = False
+        self,
+        training: bool = True,
+        cudnn: bool = False,
+        cudnn_backward: bool = False,
+        cublas_threads: int | None = None,
     ) -> list[tuple[str, int]]:
         """What :meth:`context_bytes` adds up, labelled: the base (a training step with
-        cuBLAS), then what inference takes off and cuDNN's kernels add."""
+        cuBLAS), then what inference takes off, threads without a GEMM take off and cuDNN's
+        kernels add."""
         parts = [("a training step with cuBLAS", self.context_and_libraries_bytes)]
         if not training:
             parts.append(("inference", self.inference_delta_bytes))
+        threads = 2 if training else 1
+        if cublas_threads is not None and cublas_threads < threads:
+            missing = threads - cublas_threads
+            label = "thread" if missing == 1 else "threads"
+            parts.append(
+                (
+                    f"no cuBLAS handle on {missing} {label} (no GEMM)",
+                    -missing * self.cublas_handle_bytes,
+                )
+            )
         if cudnn:
             parts.append(("cuDNN's kernels", self.cudnn_bytes))
         if cudnn_backward:
@@ -121,11 +141,15 @@ class GpuProfile:
         return parts
 
     def describe_context(
-        self, training: bool = True, cudnn: bool = False, cudnn_backward: bool = False
+        self,
+        training: bool = True,
+        cudnn: bool = False,
+        cudnn_backward: bool = False,
+        cublas_threads: int | None = None,
     ) -> str:
         """``496.00 MiB (480.00 MiB a training step with cuBLAS, +10.00 MiB cuDNN's kernels,
         +6.00 MiB cuDNN's backward kernels)``: the figure and how it is made."""
-        parts = self.context_parts(training, cudnn, cudnn_backward)
+        parts = self.context_parts(training, cudnn, cudnn_backward, cublas_threads)
         total = format_bytes(sum(n for _, n in parts))
         if len(parts) == 1:
             return f"{total} ({parts[0][0]})"
