@@ -101,6 +101,15 @@ def conv_then_linear(batch_size, device):
     return _train(model.to(device), lambda: (torch.randn(batch_size, 3, 16, 16, device=device),),
                   lambda m, x: m(x).mean())
 
+def grid_sampling(batch_size, device):
+    # optical flow's warping (RAFT): bilinear grid_sample with aligned corners, which CUDA
+    # runs through cuDNN's grid sampler, an op without a fake kernel
+    model = nn.Conv2d(3, 8, 3, padding=1).to(device)
+    def loss(m, x, grid):
+        return F.grid_sample(m(x), grid, align_corners=True).square().mean()
+    return _train(model, lambda: (torch.randn(batch_size, 3, 32, 32, device=device),
+                                  torch.rand(batch_size, 24, 40, 2, device=device) * 2 - 1), loss)
+
 EXPERTS, TOKENS, IN, OUT = 4, 64, 32, 10
 
 def grouped_experts(batch_size, device):
@@ -192,6 +201,17 @@ def test_a_step_without_gemms_sets_up_no_cublas_handles(workloads):
     assert without.startup.context_and_libraries_bytes == profile.context_bytes(
         training=True, cudnn=True, cudnn_backward=True, cublas_threads=0
     )
+
+
+def test_grid_sampling_has_the_grids_size(workloads):
+    # a CUDA build of torch sends float32 to cuDNN's grid sampler (no fake kernel: the rule
+    # in cuda_rules), a CPU build to grid_sampler_2d: the same sizes either way
+    allocations = _allocations(f"{workloads}:grid_sampling", 2)
+    forward = {"cudnn_grid_sampler.default", "grid_sampler_2d.default"}
+    backward = {"cudnn_grid_sampler_backward.default", "grid_sampler_2d_backward.default"}
+    assert any(op in forward and size == 2 * 8 * 24 * 40 * 4 for op, size in allocations)
+    grads = sorted({size for op, size in allocations if op in backward})
+    assert grads == [2 * 24 * 40 * 2 * 4, 2 * 8 * 32 * 32 * 4]
 
 
 def test_grouped_gemm_in_float32_follows_cudas_rules(workloads):

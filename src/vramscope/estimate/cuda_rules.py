@@ -130,7 +130,33 @@ def cudnn_ctc_loss(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return costs, grad
 
 
+def _contiguous(mode: Any, shape: Any, like: Any) -> Any:
+    shape = tuple(int(n) for n in shape)
+    stride, step = [], 1
+    for n in reversed(shape):
+        stride.insert(0, step)
+        step *= max(n, 1)
+    return _empty_strided(mode, shape, stride, like.dtype, like.device)
+
+
+def cudnn_grid_sampler(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``aten.cudnn_grid_sampler(input, grid)`` (``grid_sample`` on 4-D float inputs):
+    ``(N, C, H_out, W_out)`` from the grid's ``(N, H_out, W_out, 2)``, in the input's dtype
+    (``aten/src/ATen/native/cudnn/GridSampler.cpp``); no fake kernel exists for it."""
+    x, grid = args[0], args[1]
+    return _contiguous(mode, (x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]), x)
+
+
+def cudnn_grid_sampler_backward(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``aten.cudnn_grid_sampler_backward(input, grid, grad_output)``: the gradients of the
+    input and of the grid, each the size of what it is the gradient of."""
+    x, grid = args[0], args[1]
+    return _contiguous(mode, x.shape, x), _contiguous(mode, grid.shape, grid)
+
+
 KERNELS = {
+    aten.cudnn_grid_sampler.default: cudnn_grid_sampler,
+    aten.cudnn_grid_sampler_backward.default: cudnn_grid_sampler_backward,
     aten._grouped_mm.default: grouped_mm,
     aten._use_cudnn_ctc_loss.default: use_cudnn_ctc_loss,
     aten._use_cudnn_ctc_loss.Tensor: use_cudnn_ctc_loss,
