@@ -69,6 +69,20 @@ def speech_ctc(batch_size, device):
         return F.ctc_loss(m(features).log_softmax(-1), targets, inputs, lengths)
     return _train(model, batch, loss)
 
+def speech_ctc_lengths_from_the_audio(batch_size, device):
+    # as transformers' CTC heads do without an attention mask: lengths from ones_like of
+    # the float features (too large to have values), then integer arithmetic
+    model = nn.Linear(40, CLASSES).to(device)
+    def batch():
+        return (torch.randn(T * 4, batch_size, 40, device=device),
+                torch.randint(1, CLASSES, (batch_size * S,), device=device))
+    def loss(m, audio, targets):
+        mask = torch.ones_like(audio[..., 0].T, dtype=torch.long)  # (batch, 4T)
+        inputs = torch.div(mask.sum(-1) - 4, 4, rounding_mode="floor") + 1
+        lengths = torch.full((batch_size,), S, dtype=torch.long, device=audio.device)
+        return F.ctc_loss(m(audio[::4]).log_softmax(-1), targets, inputs, lengths)
+    return _train(model, batch, loss)
+
 ROWS, DIM, BAG = 100_000, 64, 20
 
 def _sparse(batch_size, device, optimizer):
@@ -212,6 +226,12 @@ def test_grid_sampling_has_the_grids_size(workloads):
     assert any(op in forward and size == 2 * 8 * 24 * 40 * 4 for op, size in allocations)
     grads = sorted({size for op, size in allocations if op in backward})
     assert grads == [2 * 24 * 40 * 2 * 4, 2 * 8 * 32 * 32 * 4]
+
+
+def test_lengths_made_from_ones_like_of_a_large_input_have_values(workloads):
+    allocations = _allocations(f"{workloads}:speech_ctc_lengths_from_the_audio", 8)
+    log_alpha = 8 * 50 * (2 * 12 + 1) * 4  # as for lengths given in the batch
+    assert any("ctc_loss" in op and size == log_alpha for op, size in allocations)
 
 
 def test_grouped_gemm_in_float32_follows_cudas_rules(workloads):

@@ -305,6 +305,8 @@ class DataDependentValues(FakeTensorMode):
         keys = self._assumptions_of(args, kwargs)
         shadow_args = self._shadow_args(args)
         shadow_kwargs = self._shadow_kwargs(kwargs)
+        if shadow_args is None and name in _VALUE_FREE and args and small:
+            shadow_args = _value_free_args(name, args)
         if (
             shadow_args is None
             or shadow_kwargs is None
@@ -575,6 +577,25 @@ _SELECTED_BY_VALUE = frozenset(
         "torchvision::nms",
     }
 )
+
+
+# ops whose output values do not depend on their tensor input's values (only its shape and
+# dtype): their small outputs get values even when the input has none (HF's CTC models make
+# an attention mask with ones_like of the audio when none is given)
+_VALUE_FREE = frozenset(
+    ("ones_like", "zeros_like", "full_like", "new_ones", "new_zeros", "new_full")
+)
+
+
+def _value_free_args(name: str, args: Any) -> tuple[Any, ...] | None:
+    """The arguments of a value-free op with its tensor input stood in for by zeros."""
+    first = args[0]
+    if not isinstance(first, FakeTensor) or any(isinstance(a, torch.Tensor) for a in args[1:]):
+        return None
+    shape = tuple(first.shape) if name.endswith("_like") else (0,)
+    with no_dispatch():
+        stand_in = torch.zeros(shape, dtype=first.dtype)
+    return (stand_in, *args[1:])
 
 
 def _integers_known(mode: DataDependentValues, args: Any, kwargs: Any) -> bool:
