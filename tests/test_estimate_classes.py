@@ -124,6 +124,19 @@ def grid_sampling(batch_size, device):
     return _train(model, lambda: (torch.randn(batch_size, 3, 32, 32, device=device),
                                   torch.rand(batch_size, 24, 40, 2, device=device) * 2 - 1), loss)
 
+def learned_attention_bias(batch_size, device):
+    # TinyViT's attention: a learned bias passed to SDPA as its mask (it needs a gradient)
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(64, 192)
+            self.bias = nn.Parameter(torch.zeros(4, 49, 49))
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(x.shape[0], 49, 3, 4, 16).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias).mean()
+    return _train(Attention().to(device), lambda: (torch.randn(batch_size, 49, 64, device=device),),
+                  lambda m, x: m(x))
+
 EXPERTS, TOKENS, IN, OUT = 4, 64, 32, 10
 
 def grouped_experts(batch_size, device):
@@ -232,6 +245,12 @@ def test_lengths_made_from_ones_like_of_a_large_input_have_values(workloads):
     allocations = _allocations(f"{workloads}:speech_ctc_lengths_from_the_audio", 8)
     log_alpha = 8 * 50 * (2 * 12 + 1) * 4  # as for lengths given in the batch
     assert any("ctc_loss" in op and size == log_alpha for op, size in allocations)
+
+
+def test_a_learned_attention_bias_takes_memory_efficient_attention(workloads):
+    # cuDNN's attention has no gradient for its mask: torch picks the memory-efficient kernel
+    report = estimate(f"{workloads}:learned_attention_bias", 8, precision="bf16-mixed")
+    assert set(report.extra["estimate"]["sdpa_kernels"]) == {"efficient"}
 
 
 def test_grouped_gemm_in_float32_follows_cudas_rules(workloads):

@@ -152,6 +152,9 @@ def sdpa_backend(
             and d_qk <= 128
             and heads_q == heads_k
             and not (is_causal and attn_mask is not None)
+            # its backward gives no gradient for the mask: a learned bias (TinyViT's, Swin's
+            # relative position bias passed as the mask) goes to memory-efficient attention
+            and not (attn_mask is not None and attn_mask.requires_grad)
             and dense_ok_singleton
         )
 
