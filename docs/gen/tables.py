@@ -184,6 +184,105 @@ def accuracy_worst(root: Path) -> str:
     )
 
 
+@table("zoo-summary")
+def zoo_summary(root: Path) -> str:
+    data = load(root, "zoo_accuracy_h200.json")
+    summary, meta = data["summary"], data["meta"]
+    libraries = [
+        [name, lib["ran"], lib["estimated"], pct(lib["coverage_pct"], signed=False, digits=1)]
+        for name, lib in summary["libraries"].items()
+    ]
+    libraries.append(
+        [
+            "**all**",
+            summary["ran_a_real_step"],
+            summary["estimated"],
+            f"{pct(summary['coverage_pct'], signed=False)} (target {summary['coverage_target']})",
+        ]
+    )
+    names = {
+        "allocated": "peak allocated",
+        "reserved": "peak reserved",
+        "device_used": "device used",
+    }
+    columns = []
+    for key, label in names.items():
+        col = summary["columns"].get(key)
+        if col is None:
+            continue
+        columns.append(
+            [
+                label,
+                pct(col["median_abs_error_pct"], signed=False),
+                pct(col["p90_abs_error_pct"], signed=False),
+                pct(col["p95_abs_error_pct"], signed=False),
+                f"{col['target']}: {'met' if col['met'] else 'missed'}",
+            ]
+        )
+    under = summary["allocated_under_3pct"]["models"]
+    used = summary["device_used_under"]
+    seconds = sorted(r["estimate_seconds"] for r in data["rows"] if r.get("estimate_seconds"))
+    notes = [
+        f"{summary['compared']} models compared with a measurement (estimated on a "
+        f"{meta['estimated']['estimated_on']['cpus']}-core CPU with torch "
+        f"{meta['estimated']['libraries']['torch']}, measured on an "
+        f"{measured_on(meta['measured'])}). Allocated under-estimated by more than 3 %: "
+        f"{len(under)}. Device used under-estimated: {used['models']} models "
+        f"({used['share_pct']} %; target {used['target']}).",
+    ]
+    ranged = summary.get("data_dependent")
+    if ranged:
+        notes.append(
+            f"Estimated as a range (values assumed both ways, judged apart): "
+            f"{ranged['models']} models, {ranged['allocated_within_range_3pct']} of which hold "
+            f"the measured allocated peak within 3 %."
+        )
+    if seconds:
+        median = seconds[len(seconds) // 2]
+        notes.append(
+            f"Estimate time on the sweep: median {median:.1f} s, worst {seconds[-1]:.1f} s "
+            f"(2 estimates at a time on 2 cores)."
+        )
+    return block(
+        markdown(["library", "ran a real step", "estimated", "coverage"], libraries),
+        markdown(["", "median \\|error\\|", "p90", "p95", "target"], columns),
+        *notes,
+        source("zoo_accuracy_h200.json"),
+    )
+
+
+@table("zoo-worst")
+def zoo_worst(root: Path) -> str:
+    data = load(root, "zoo_accuracy_h200.json")
+    rows = [r for r in data["rows"] if r.get("error_pct") and "range_error_pct" not in r]
+    rows.sort(key=lambda r: -abs(r["error_pct"].get("allocated", 0)))
+    table_rows = [
+        [
+            f"`{r['id']}`",
+            gib(r["measured"]["allocated_bytes"]),
+            pct(r["error_pct"].get("allocated")),
+            pct(r["error_pct"].get("reserved")),
+            pct(r["error_pct"].get("device_used")),
+        ]
+        for r in rows[:20]
+    ]
+    return block(
+        markdown(
+            [
+                "model (batch, precision)",
+                "measured allocated",
+                "allocated",
+                "reserved",
+                "device used",
+            ],
+            table_rows,
+        ),
+        "The 20 models of the zoo farthest off in allocated memory. Errors are (estimate − "
+        "measured) / measured: negative is an under-estimate.",
+        source("zoo_accuracy_h200.json"),
+    )
+
+
 @table("estimate-speed")
 def estimate_speed(root: Path) -> str:
     data = load(root, "estimate_speed.json")
@@ -734,6 +833,8 @@ def oracle_cpu(root: Path) -> str:
 @table("oracle-h200")
 def oracle_h200(root: Path) -> str:
     return _oracle(root, "peak_oracle_h200.json")
+
+
 @table("exit-codes")
 def exit_codes(root: Path) -> str:
     """The exit codes, from the one policy the commands use (``vramscope.cli.exits``)."""
