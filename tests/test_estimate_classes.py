@@ -137,6 +137,19 @@ def learned_attention_bias(batch_size, device):
     return _train(Attention().to(device), lambda: (torch.randn(batch_size, 49, 64, device=device),),
                   lambda m, x: m(x))
 
+def attention_3d(batch_size, device):
+    # SAM's ViT: heads folded into the batch, 3-D query, key and value with a bias mask
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(64, 192)
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(-1, 49, 3, 16).permute(2, 0, 1, 3).unbind(0)
+            bias = torch.zeros(q.shape[0], 49, 49, device=x.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).mean()
+    return _train(Attention().to(device), lambda: (torch.randn(batch_size, 49, 64, device=device),),
+                  lambda m, x: m(x))
+
 EXPERTS, TOKENS, IN, OUT = 4, 64, 32, 10
 
 def grouped_experts(batch_size, device):
@@ -251,6 +264,12 @@ def test_a_learned_attention_bias_takes_memory_efficient_attention(workloads):
     # cuDNN's attention has no gradient for its mask: torch picks the memory-efficient kernel
     report = estimate(f"{workloads}:learned_attention_bias", 8, precision="bf16-mixed")
     assert set(report.extra["estimate"]["sdpa_kernels"]) == {"efficient"}
+
+
+def test_3d_attention_takes_the_math_path(workloads):
+    # every fused CUDA kernel takes 4-D inputs only (check_tensor_shapes)
+    report = estimate(f"{workloads}:attention_3d", 8)
+    assert set(report.extra["estimate"]["sdpa_kernels"]) == {"math"}
 
 
 def test_grouped_gemm_in_float32_follows_cudas_rules(workloads):

@@ -176,7 +176,7 @@ def sdpa_backend(
             return False
         if not dense_ok:
             return False
-        if query.dim() not in (3, 4):
+        if not dims_ok:  # check_tensor_shapes: every fused kernel takes 4-D inputs only
             return False
         if dtype == torch.bfloat16 and profile.sm < 80:
             return False
