@@ -436,6 +436,11 @@ def batch_and_loss(
     b, seq = shapes.batch_size, shapes.seq
     text = text_config(config)
     vocab = int(getattr(text, "vocab_size", 0) or 0)
+    per_layer = int(getattr(text, "vocab_size_per_layer_input", 0) or 0)
+    if 0 < per_layer < vocab:
+        # Gemma 3n: the ids past the per-layer embeddings' vocabulary are other modalities'
+        # tokens, which a text batch does not hold
+        vocab = per_layer
     if mode == "generate":
         if task not in TEXT_GENERATION_TASKS:
             raise WorkloadError(
