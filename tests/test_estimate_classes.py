@@ -150,6 +150,23 @@ def attention_3d(batch_size, device):
     return _train(Attention().to(device), lambda: (torch.randn(batch_size, 49, 64, device=device),),
                   lambda m, x: m(x))
 
+LOOPS = []
+
+def per_class_selection(batch_size, device):
+    # torchvision's per-class NMS: boxes selected by score (values the trace does not have),
+    # then a loop over the classes of what was selected
+    model = nn.Linear(16, 1).to(device)
+    def loss(m, x):
+        scores = m(x).squeeze(-1)
+        labels = torch.arange(scores.shape[0], device=scores.device) % 5
+        kept = torch.where(scores > 0.5)[0]
+        total = scores.sum() * 0
+        for c in torch.unique(labels[kept]):
+            LOOPS.append(int(c))
+            total = total + scores[kept][labels[kept] == c].sum()
+        return total
+    return _train(model, lambda: (torch.randn(batch_size * 100, 16, device=device),), loss)
+
 EXPERTS, TOKENS, IN, OUT = 4, 64, 32, 10
 
 def grouped_experts(batch_size, device):
@@ -270,6 +287,16 @@ def test_3d_attention_takes_the_math_path(workloads):
     # every fused CUDA kernel takes 4-D inputs only (check_tensor_shapes)
     report = estimate(f"{workloads}:attention_3d", 8)
     assert set(report.extra["estimate"]["sdpa_kernels"]) == {"math"}
+
+
+def test_a_loop_over_the_classes_of_an_assumed_selection_runs_once_per_class(workloads):
+    spec = resolve(f"{workloads}:per_class_selection")
+    loops = spec.builder.__globals__["LOOPS"]
+    loops.clear()
+    trace_workload(spec, 8, get_profile("h200"), steps=1)
+    # every box kept: their positions are known, so are their labels: 5 classes a trace
+    # (heavy and light), not one iteration per box (800)
+    assert 0 < len(loops) <= 2 * 5
 
 
 def test_grouped_gemm_in_float32_follows_cudas_rules(workloads):

@@ -560,7 +560,28 @@ class DataDependentValues(FakeTensorMode):
         self._use(frozenset((key,)))
         outs = result if isinstance(result, tuple) else (result,)
         self._mark(outs, frozenset((key,)))
+        self._selected_values(overload, x, result)
         return result
+
+    def _selected_values(self, overload: str, x: Any, result: Any) -> None:
+        """The values an assumed selection implies, so that what is computed from them
+        stays known: every position (in order) or none for ``nonzero``; for ``nms`` the
+        boxes in their given order (the scores that would order them are not known). Without
+        them a loop over ``unique`` of the selected labels (torchvision's per-class NMS)
+        would run once per box instead of once per class."""
+        if not isinstance(result, FakeTensor) or not fits_shadow(result):
+            return
+        with no_dispatch():
+            if overload == "aten::nonzero":
+                value = torch.ones(tuple(x.shape), dtype=torch.bool).nonzero()
+                if value.shape[0] != result.shape[0]:
+                    value = value[: result.shape[0]]
+            elif overload == "torchvision::nms":
+                value = torch.arange(result.shape[0])
+            else:
+                return
+        with contextlib.suppress(TypeError):
+            self.shadows[result] = value
 
 
 # ops whose output size depends on the values of every input, floating-point ones included
