@@ -33,6 +33,7 @@ from vramscope.tracking.events import (
     PHASE,
     RETURN,
     STEP,
+    UPDATE,
     EventLog,
     allocator_block_sizes,
 )
@@ -198,6 +199,11 @@ class _Replay:
         self.marked_peak_pos = -1
         self.marked_peak_step: int | None = None
         self.marked_peak_phase: str | None = None
+        # since an optimizer step ended (an UPDATE marker): (its position, blocks allocated
+        # since); a step that begins before the next phase began there, and its first phase
+        # with it (``moved``, until that phase's marker)
+        self.update: tuple[int, list[Block]] | None = None
+        self.moved: tuple[int, list[Block]] | None = None
 
     # ---- helpers -------------------------------------------------------------------------------
     def _depth(self, module: int) -> int:
@@ -260,6 +266,8 @@ class _Replay:
                 by_addr[addr] = block
                 self.live_total += size
                 self.allocations += 1
+                if self.update is not None:
+                    self.update[1].append(b)
                 for call in self.stack:
                     call.blocks.append(b)
                     if self.live_total > call.peak_allocated:
@@ -305,11 +313,15 @@ class _Replay:
             elif kind == BACKWARD:
                 self.burst.append(record[1])
             elif kind == PHASE:
-                self._set_phase(record[1], pos)
+                self._phase_marker(record[1], pos)
             elif kind == STEP:
                 self.step = record[1]
                 self.step_starts[record[1]] = pos
                 self.step_marked = self.marked is None or record[1] in self.marked
+                if self.update is not None:
+                    self._step_began_at_update(record[1])
+            elif kind == UPDATE:
+                self.update = (pos, [])
             elif kind == CENSUS:
                 self._census(record[1])
             elif kind in (CALL, LINE, RETURN):
@@ -330,6 +342,36 @@ class _Replay:
                 f"{self.census_missed} tensors of the model or optimizer were not found among "
                 "the recorded blocks (made outside what was recorded)"
             )
+
+    def _phase_marker(self, name: str, pos: int) -> None:
+        """A phase begins at ``pos``; the first phase of a step that began where an optimizer
+        step ended began there, with what was allocated since."""
+        self.update = None
+        moved, self.moved = self.moved, None
+        if moved is None:
+            self._set_phase(name, pos)
+            return
+        start, moved_blocks = moved
+        for b in moved_blocks:
+            b.phase = name
+        if self.peak_pos >= start:
+            self.peak_phase = name
+        if self.marked_peak_pos >= start:
+            self.marked_peak_phase = name
+        self._set_phase(name, start)
+
+    def _step_began_at_update(self, step: int) -> None:
+        """Step ``step`` began where the last optimizer step ended: what came since is its."""
+        start, moved_blocks = self.update  # type: ignore[misc]
+        self.update = None
+        for b in moved_blocks:
+            b.step = step
+        self.step_starts[step] = start
+        if self.peak_pos >= start:
+            self.peak_step = step
+        if self.marked_peak_pos >= start:
+            self.marked_peak_step = step
+        self.moved = (start, moved_blocks)
 
     def _close_call(self, call: Call, pos: int) -> None:
         call.exit = pos

@@ -20,6 +20,9 @@ kind     fields                                       meaning
 ``b``    module                                       the gradient reaches a module's output
 ``p``    phase name                                   the session's phase changes
 ``s``    step index                                   a new step begins
+``u``                                                 an optimizer step ended: a step that
+                                                      begins before the next ``p`` began
+                                                      here (what came since is its own)
 ``k``    census                                       objects seen here: ``censuses[census]``
 ``c``    code                                         a profiled function is entered
 ``l``    code, line, rss, maxrss                      a profiled line begins (host RSS, peak RSS)
@@ -43,9 +46,9 @@ SCHEMA = "vramscope.events/1"
 
 ALLOC, FREE = "a", "f"
 ENTER, EXIT, BACKWARD = "m", "x", "b"
-PHASE, STEP, CENSUS = "p", "s", "k"
+PHASE, STEP, CENSUS, UPDATE = "p", "s", "k", "u"
 CALL, LINE, RETURN = "c", "l", "r"
-MARKER_KINDS = frozenset({ENTER, EXIT, BACKWARD, PHASE, STEP, CENSUS, CALL, LINE, RETURN})
+MARKER_KINDS = frozenset({ENTER, EXIT, BACKWARD, PHASE, STEP, CENSUS, UPDATE, CALL, LINE, RETURN})
 
 
 @dataclass
