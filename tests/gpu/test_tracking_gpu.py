@@ -188,6 +188,24 @@ def test_user_max_memory_allocated_unchanged_by_tracking() -> None:
     assert torch.cuda.max_memory_allocated() >= base + 256 * 2**20
 
 
+def test_a_users_reset_holds_after_tracking_reads() -> None:
+    """After the user's reset_peak_memory_stats(), max_memory_allocated() is the peak since
+    then, also once vramscope has read at its phase boundaries: the peak the reset wiped goes
+    into vramscope's own phase, not back into the user's figure."""
+    device = torch.device("cuda")
+    runner = StepRunner(build_gpt(2, device), device)
+    runner()
+    with vramscope.track():
+        runner()  # vramscope reads and resets at its phase boundaries
+        big = torch.empty(2 * 2**30, device=device, dtype=torch.uint8)
+        del big
+        torch.cuda.reset_peak_memory_stats()
+        after = torch.cuda.memory_allocated()
+        runner()  # and again, after the user's reset
+        seen = torch.cuda.max_memory_allocated()
+    assert after < seen < after + 2 * 2**30
+
+
 def test_run_script_reports_phases_steps_epochs(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     proc = subprocess.run(
