@@ -29,6 +29,7 @@ from vramscope.tracking.events import (
     ENTER,
     EXIT,
     FREE,
+    GAP,
     LINE,
     PHASE,
     RETURN,
@@ -40,6 +41,7 @@ from vramscope.tracking.events import (
 from vramscope.tracking.marking import FIRST_STEPS, PROBE_EVERY, SETTLED, expand
 
 CATEGORIES = CATEGORY_NAMES
+SPLIT_BLOCKS = 1 << 50  # numbers of the blocks split at a gap of the trace (_Replay._census)
 OUTSIDE = "(outside modules)"
 TOP_TENSORS = 20
 
@@ -204,6 +206,10 @@ class _Replay:
         # with it (``moved``, until that phase's marker)
         self.update: tuple[int, list[Block]] | None = None
         self.moved: tuple[int, list[Block]] | None = None
+        # where the allocator's trace resumed after steps it did not record: (position,
+        # step, phase); a block split at one (see _census) goes on under a new number
+        self.gaps: list[tuple[int, int | None, str]] = []
+        self.renamed: dict[int, int] = {}
 
     # ---- helpers -------------------------------------------------------------------------------
     def _depth(self, module: int) -> int:
@@ -286,7 +292,9 @@ class _Replay:
                     self.marked_peak_step = self.step
                     self.marked_peak_phase = self.phase
             elif kind == FREE:
-                b = blocks.get(record[1])
+                b = blocks.get(
+                    self.renamed.get(record[1], record[1]) if self.renamed else record[1]
+                )
                 if b is None or b.free is not None:
                     continue
                 b.free = pos
@@ -324,6 +332,8 @@ class _Replay:
                 self.update = (pos, [])
             elif kind == CENSUS:
                 self._census(record[1])
+            elif kind == GAP:
+                self.gaps.append((pos, self.step, self.phase))
             elif kind in (CALL, LINE, RETURN):
                 self._line_marker(record, pos)
         end = pos + 1
@@ -399,6 +409,11 @@ class _Replay:
                 self.census_missed += 1
                 continue
             b = self.blocks[block]
+            if b.label is None and b.alloc >= 0 and self.gaps and self.gaps[-1][0] > b.alloc:
+                # made where the trace recorded, held by no object there, and an object's
+                # storage after steps the trace did not record: another allocation at the
+                # same address and size (a gradient where an activation was)
+                b = self._split_at_gap(b, self.gaps[-1])
             if (
                 b.label is None
                 or _priority(category) < _priority(b.label[0])
@@ -407,6 +422,20 @@ class _Replay:
                 b.label = (category, module, name)
                 b.label_shape, b.label_dtype = shape, dtype
                 self.census_labels += 1
+
+    def _split_at_gap(self, b: Block, gap: tuple[int, int | None, str]) -> Block:
+        """End ``b`` where the trace resumed (``gap``) and go on with a block of its own
+        there, made in the steps the trace did not record (no frame)."""
+        pos, step, phase = gap
+        b.free = pos
+        after = Block(SPLIT_BLOCKS + len(self.renamed), b.addr, b.size, pos, phase=phase, step=step)
+        self.blocks[after.block] = after
+        self.by_addr[b.addr] = after.block
+        for old, new in self.renamed.items():  # split before: the first number leads here
+            if new == b.block:
+                self.renamed[old] = after.block
+        self.renamed[b.block] = after.block
+        return after
 
     # ---- lines ----------------------------------------------------------------------------------
     def _line_marker(self, record: list[Any], pos: int) -> None:
