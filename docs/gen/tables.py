@@ -734,6 +734,8 @@ def oracle_cpu(root: Path) -> str:
 @table("oracle-h200")
 def oracle_h200(root: Path) -> str:
     return _oracle(root, "peak_oracle_h200.json")
+
+
 @table("exit-codes")
 def exit_codes(root: Path) -> str:
     """The exit codes, from the one policy the commands use (``vramscope.cli.exits``)."""
