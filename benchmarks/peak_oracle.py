@@ -8,8 +8,9 @@ in each detail, and compares.
   step ends (the post-hook): there ``torch.cuda.max_memory_allocated()`` is its peak so far
   and ``reset_peak_memory_stats()`` starts what follows. What follows is the next step's,
   the one that consumes the next batch, once that step begins with a ``zero_grad`` or a
-  DataLoader fetch; another optimizer step or a backward first (two optimizers stepped one
-  after the other), and it is more of the same step; the end of the script first, and it
+  DataLoader fetch, or with the same optimizer stepping again (a closure runs in it);
+  another optimizer step or a backward first (two optimizers stepped one after the other),
+  and it is more of the same step; the end of the script first, and it
   belongs to the last step. A step that began after the last optimizer step and never ended
   (an out-of-memory error, a signal) is the ``tail``. (vramscope begins a step at a forward
   too, which the oracle does not watch: in the scripts a ``zero_grad`` or a fetch comes
@@ -125,6 +126,7 @@ class Probe:
         # it; a step that went on after that keeps it in ``carry``
         self.ended: int | None = None
         self.carry = 0
+        self._ended_by = 0  # id() of the optimizer whose step set ``ended``
         self._instant_after_update = False  # the peak's instant came after an ``ended``
         self.best = -1
         self.best_info: dict[str, Any] | None = None
@@ -168,16 +170,20 @@ class Probe:
             self.pending.pop(ptr, None)
 
     # ---- steps -----------------------------------------------------------------------------------
-    def on_optimizer_start(self, *args: Any) -> None:
+    def on_optimizer_start(self, optimizer: Any, *args: Any) -> None:
         if self.pending:  # a compiled backward's gradients are .grad by now
             self._resolve_pending()
-        self.goes_on()
+        if self.ended is not None and id(optimizer) == self._ended_by:
+            self.begins()  # the same optimizer again: the next step (a closure runs in it)
+        else:
+            self.goes_on()
 
-    def on_step(self, *args: Any) -> None:
+    def on_step(self, optimizer: Any, *args: Any) -> None:
         """An optimizer step ended: the step's peak so far."""
         self._resolve_pending()
         self.ended = max(self.carry, self._close_step())
         self.carry = 0
+        self._ended_by = id(optimizer)
 
     def begins(self, *args: Any) -> None:
         """A ``zero_grad`` or a DataLoader fetch: after an optimizer step, a new step began

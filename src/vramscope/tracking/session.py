@@ -112,6 +112,7 @@ class Session:
         # fetch), else this step's; and an unread step's answer there to whether the next
         # step reads (its read, if it reads, is taken there)
         self._tail: tuple[float, _Light | None] | None = None
+        self._ended_by = 0  # id() of the optimizer whose step ended there
         self._next_reads: bool | None = None
         self.name = name
         self.workload_info = dict(workload or {})
@@ -988,13 +989,16 @@ class Session:
     def on_optimizer_start(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._running:
             return
+        # the optimizer that ended the step steps again before anything else: the next step
+        # (its forward and backward run inside it, in a closure); another one: the same step
+        again = self._tail is not None and self._ended_by == id(optimizer)
         if self._last_optimizer() is not optimizer:
             if optimizer not in self._optimizers:
                 self._optimizers.add(optimizer)
                 self._ledger.new_optimizer()
             with contextlib.suppress(TypeError):
                 self._last_optimizer = weakref.ref(optimizer)
-        self._transition("optimizer")
+        self._transition("optimizer", new_step=again)
         attribution = self._attribution
         if attribution is not None and attribution.recording:  # the gradients' storages
             attribution.on_optimizer_start(optimizer, list(self._models))
@@ -1014,6 +1018,7 @@ class Session:
             self._count_objects()
         if self._running and not self._explicit_steps:
             # a training step ends where its last optimizer step ends (_update_ended)
+            self._ended_by = id(optimizer)
             self._update_ended()
 
     def on_zero_grad(self) -> None:
