@@ -4,10 +4,17 @@ It shares no code with vramscope (it never imports it): it runs each script of
 ``benchmarks/scripts/`` in a process of its own, twice, and then runs ``vramscope run`` on it
 in each detail, and compares.
 
-- **Every step's peak** (pass ``steps``): an optimizer step's post-hook ends each step;
-  there, ``torch.cuda.max_memory_allocated()`` is the step's peak and
-  ``reset_peak_memory_stats()`` starts the next. What runs after the last optimizer step
-  (an out-of-memory error, the end of the script) is the ``tail``.
+- **Every step's peak** (pass ``steps``): a training step ends where its last optimizer
+  step ends (the post-hook): there ``torch.cuda.max_memory_allocated()`` is its peak so far
+  and ``reset_peak_memory_stats()`` starts what follows. What follows is the next step's,
+  the one that consumes the next batch, once that step begins with a ``zero_grad`` or a
+  DataLoader fetch, or with the same optimizer stepping again (a closure runs in it);
+  another optimizer step or a backward first (two optimizers stepped one after the other),
+  and it is more of the same step; the end of the script first, and it
+  belongs to the last step. A step that began after the last optimizer step and never ended
+  (an out-of-memory error, a signal) is the ``tail``. (vramscope begins a step at a forward
+  too, which the oracle does not watch: in the scripts a ``zero_grad`` or a fetch comes
+  first, or in the same step.)
 - **The instant of the peak** (pass ``instant``): the same script again, now under a dispatch
   mode that reads ``memory_allocated()`` before each operator and ``max_memory_allocated()``
   after it (resetting the peak before it), so the operator in which the run's peak falls is
@@ -115,6 +122,12 @@ class Probe:
         self.target = target
         self.steps: list[int] = []
         self.step_peak = 0  # pass instant / CPU: the highest op peak of the open step
+        # the open step's peak up to its last optimizer step's end, while no step began after
+        # it; a step that went on after that keeps it in ``carry``
+        self.ended: int | None = None
+        self.carry = 0
+        self._ended_by = 0  # id() of the optimizer whose step set ``ended``
+        self._instant_after_update = False  # the peak's instant came after an ``ended``
         self.best = -1
         self.best_info: dict[str, Any] | None = None
         self.pending: dict[int, int] = {}  # unheld at the peak: block address -> bytes
@@ -157,13 +170,37 @@ class Probe:
             self.pending.pop(ptr, None)
 
     # ---- steps -----------------------------------------------------------------------------------
-    def on_optimizer_start(self, *args: Any) -> None:
+    def on_optimizer_start(self, optimizer: Any, *args: Any) -> None:
         if self.pending:  # a compiled backward's gradients are .grad by now
             self._resolve_pending()
+        if self.ended is not None and id(optimizer) == self._ended_by:
+            self.begins()  # the same optimizer again: the next step (a closure runs in it)
+        else:
+            self.goes_on()
 
-    def on_step(self, *args: Any) -> None:
+    def on_step(self, optimizer: Any, *args: Any) -> None:
+        """An optimizer step ended: the step's peak so far."""
         self._resolve_pending()
-        self.steps.append(self._close_step())
+        self.ended = max(self.carry, self._close_step())
+        self.carry = 0
+        self._ended_by = id(optimizer)
+
+    def begins(self, *args: Any) -> None:
+        """A ``zero_grad`` or a DataLoader fetch: after an optimizer step, a new step began
+        where that ended."""
+        if self.ended is None:
+            return
+        self.steps.append(self.ended)
+        self.ended = None
+        if self._instant_after_update and self.best_info is not None:
+            self.best_info["step"] += 1
+        self._instant_after_update = False
+
+    def goes_on(self, *args: Any) -> None:
+        """Another optimizer step or a backward: the step that ended goes on."""
+        if self.ended is not None:
+            self.carry, self.ended = self.ended, None
+            self._instant_after_update = False
 
     def _close_step(self) -> int:
         if self.cuda and not self.instant:
@@ -316,6 +353,7 @@ class Probe:
             "step": len(self.steps),
             "categories": categories,
         }
+        self._instant_after_update = self.ended is not None
 
     def _watch_frees(self, on: bool) -> None:
         """On CUDA, record the allocator's history from the peak on (alloc and free entries,
@@ -409,6 +447,14 @@ class Probe:
             register_optimizer_step_pre_hook(self.on_optimizer_start),
             register_optimizer_step_post_hook(self.on_step),
         ]
+        patched = _watch(
+            [
+                (torch.optim.Optimizer, "zero_grad", self.begins),
+                (torch.nn.Module, "zero_grad", self.begins),
+                (torch.utils.data.dataloader._BaseDataLoaderIter, "__next__", self.begins),
+                (torch.autograd, "backward", self.goes_on),
+            ]
+        )
         sys.argv = [script, *args]
         sys.path.insert(0, str(Path(script).resolve().parent))
         use_mode = self.instant or not self.cuda
@@ -438,9 +484,14 @@ class Probe:
         finally:
             for handle in handles:
                 handle.remove()
+            for owner, name, original in patched:
+                setattr(owner, name, original)
         self._resolve_pending()
-        tail = self._close_step()
-        peaks = [*self.steps, tail]
+        tail: int | None = max(self.carry, self._close_step())
+        if self.ended is not None:  # the end after the last optimizer step: that step's
+            self.steps.append(max(self.ended, tail or 0))
+            tail = None
+        peaks = [*self.steps, *([] if tail is None else [tail])]
         run_peak = max(peaks) if peaks else 0
         return {
             "pass": "instant" if self.instant else "steps",
@@ -454,6 +505,24 @@ class Probe:
             "operators": self.ops,
             "instant": self.best_info,
         }
+
+
+def _watch(targets: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
+    """Call ``then`` before each ``owner.name``; returns what to put back."""
+    import functools
+
+    saved = []
+    for owner, name, then in targets:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def watched(*args: Any, _original: Any = original, _then: Any = then, **kwargs: Any) -> Any:
+            _then()
+            return _original(*args, **kwargs)
+
+        saved.append((owner, name, original))
+        setattr(owner, name, watched)
+    return saved
 
 
 def _tensors(value: Any) -> list[Any]:
@@ -550,7 +619,8 @@ def compare(oracle: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
                 result["problems"].append(f"rest {rest} vs oracle {rest - d} ({d / base:+.2%})")
         result["differences"] = diffs
     if cuda:
-        all_steps = [*steps["steps"], steps["tail"]]
+        tail = steps.get("tail")
+        all_steps = [*steps["steps"], *([] if tail is None else [tail])]
         bad = []
         for entry in report.get("steps") or []:
             first = entry["index"]

@@ -144,7 +144,34 @@ def test_line_table_on_gpu_matches_allocations():
     assert rows["del a"]["increment_bytes"] == -(64 << 20)
 
 
-def test_default_detail_records_no_history():
+def test_default_detail_traces_the_first_steps_and_stops():
+    """The default detail records the allocator's trace of the first steps (and of the step
+    after a new peak), with no module marker, for what the peak is made of; the trace stops
+    between those steps and when the session ends."""
+    from vramscope.tracking.marking import FIRST_STEPS, expand
+
+    runner = _warm_runner(batch=2)
+    before = dict(module_mod._global_forward_pre_hooks)
     with vramscope.track() as session:
-        _warm_runner(batch=2)()
-    assert session._attribution is None
+        for _ in range(8):
+            runner()
+    report = session.report()
+    recorder = session._attribution
+    assert recorder is not None and not recorder.markers
+    marked = expand(recorder.schedule.summary()["marked_steps"])
+    assert set(range(FIRST_STEPS)) <= marked and len(marked) < 8
+    log = recorder.event_log()
+    assert not {r[0] for r in log.records} & {"m", "x", "b"}  # no module markers
+    # the steps traced, and the first of each run of steps that are not (its marker closes
+    # the window before it)
+    steps = {r[1] for r in log.records if r[0] == "s"}
+    assert steps <= marked | {s + 1 for s in marked}
+    assert log.meta["trace"]["windows"] >= 2  # the first steps', and the end's
+    assert report.extra["categories_source"] == "allocator-trace"
+    assert report.categories_at_peak.total() == pytest.approx(report.peak.allocated_bytes, rel=0.01)
+    assert dict(module_mod._global_forward_pre_hooks) == before
+    device = torch.cuda.current_device()
+    n = len(torch.cuda.memory._snapshot()["device_traces"][device])
+    x = torch.empty(1 << 20, device=CUDA)
+    del x
+    assert len(torch.cuda.memory._snapshot()["device_traces"][device]) <= n  # stopped

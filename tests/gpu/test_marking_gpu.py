@@ -67,10 +67,13 @@ def test_a_peak_in_a_step_without_markers_is_said_on_cuda():
     session, expected = tracked_steps(runner_for(4), 8, {4: large}, module_steps=4)
     report = session.report()
     attribution = report.extra["attribution"]
-    assert steps_with_markers(session) == {0, 1, 2, 6}
+    # steps 0-2, then 1 in 4 (6); the run's peak rose in step 4, which had no markers, so
+    # the step after it is marked (steps repeat: the trace sees the peak come back there),
+    # and the 1-in-4 spacing counts from it (step 9: past the run)
+    assert steps_with_markers(session) == {0, 1, 2, 5}
     assert report.peak.allocated_bytes == expected
     assert attribution["peak_step"] == 4
-    assert attribution["module_peak"]["step"] in (0, 1, 2, 6)
+    assert attribution["module_peak"]["step"] in (0, 1, 2, 5)
     assert report.categories_at_peak.total() == pytest.approx(expected, rel=0.01)
     notes = " ".join(report.extra["attribution_notes"])
     assert "the run's peak was in step 4, which has no module markers" in notes

@@ -29,16 +29,19 @@ from vramscope.tracking.events import (
     ENTER,
     EXIT,
     FREE,
+    GAP,
     LINE,
     PHASE,
     RETURN,
     STEP,
+    UPDATE,
     EventLog,
     allocator_block_sizes,
 )
 from vramscope.tracking.marking import FIRST_STEPS, PROBE_EVERY, SETTLED, expand
 
 CATEGORIES = CATEGORY_NAMES
+SPLIT_BLOCKS = 1 << 50  # numbers of the blocks split at a gap of the trace (_Replay._census)
 OUTSIDE = "(outside modules)"
 TOP_TENSORS = 20
 
@@ -198,6 +201,15 @@ class _Replay:
         self.marked_peak_pos = -1
         self.marked_peak_step: int | None = None
         self.marked_peak_phase: str | None = None
+        # since an optimizer step ended (an UPDATE marker): (its position, blocks allocated
+        # since); a step that begins before the next phase began there, and its first phase
+        # with it (``moved``, until that phase's marker)
+        self.update: tuple[int, list[Block]] | None = None
+        self.moved: tuple[int, list[Block]] | None = None
+        # where the allocator's trace resumed after steps it did not record: (position,
+        # step, phase); a block split at one (see _census) goes on under a new number
+        self.gaps: list[tuple[int, int | None, str]] = []
+        self.renamed: dict[int, int] = {}
 
     # ---- helpers -------------------------------------------------------------------------------
     def _depth(self, module: int) -> int:
@@ -260,6 +272,8 @@ class _Replay:
                 by_addr[addr] = block
                 self.live_total += size
                 self.allocations += 1
+                if self.update is not None:
+                    self.update[1].append(b)
                 for call in self.stack:
                     call.blocks.append(b)
                     if self.live_total > call.peak_allocated:
@@ -278,7 +292,9 @@ class _Replay:
                     self.marked_peak_step = self.step
                     self.marked_peak_phase = self.phase
             elif kind == FREE:
-                b = blocks.get(record[1])
+                b = blocks.get(
+                    self.renamed.get(record[1], record[1]) if self.renamed else record[1]
+                )
                 if b is None or b.free is not None:
                     continue
                 b.free = pos
@@ -305,13 +321,19 @@ class _Replay:
             elif kind == BACKWARD:
                 self.burst.append(record[1])
             elif kind == PHASE:
-                self._set_phase(record[1], pos)
+                self._phase_marker(record[1], pos)
             elif kind == STEP:
                 self.step = record[1]
                 self.step_starts[record[1]] = pos
                 self.step_marked = self.marked is None or record[1] in self.marked
+                if self.update is not None:
+                    self._step_began_at_update(record[1])
+            elif kind == UPDATE:
+                self.update = (pos, [])
             elif kind == CENSUS:
                 self._census(record[1])
+            elif kind == GAP:
+                self.gaps.append((pos, self.step, self.phase))
             elif kind in (CALL, LINE, RETURN):
                 self._line_marker(record, pos)
         end = pos + 1
@@ -330,6 +352,36 @@ class _Replay:
                 f"{self.census_missed} tensors of the model or optimizer were not found among "
                 "the recorded blocks (made outside what was recorded)"
             )
+
+    def _phase_marker(self, name: str, pos: int) -> None:
+        """A phase begins at ``pos``; the first phase of a step that began where an optimizer
+        step ended began there, with what was allocated since."""
+        self.update = None
+        moved, self.moved = self.moved, None
+        if moved is None:
+            self._set_phase(name, pos)
+            return
+        start, moved_blocks = moved
+        for b in moved_blocks:
+            b.phase = name
+        if self.peak_pos >= start:
+            self.peak_phase = name
+        if self.marked_peak_pos >= start:
+            self.marked_peak_phase = name
+        self._set_phase(name, start)
+
+    def _step_began_at_update(self, step: int) -> None:
+        """Step ``step`` began where the last optimizer step ended: what came since is its."""
+        start, moved_blocks = self.update  # type: ignore[misc]
+        self.update = None
+        for b in moved_blocks:
+            b.step = step
+        self.step_starts[step] = start
+        if self.peak_pos >= start:
+            self.peak_step = step
+        if self.marked_peak_pos >= start:
+            self.marked_peak_step = step
+        self.moved = (start, moved_blocks)
 
     def _close_call(self, call: Call, pos: int) -> None:
         call.exit = pos
@@ -357,6 +409,11 @@ class _Replay:
                 self.census_missed += 1
                 continue
             b = self.blocks[block]
+            if b.label is None and b.alloc >= 0 and self.gaps and self.gaps[-1][0] > b.alloc:
+                # made where the trace recorded, held by no object there, and an object's
+                # storage after steps the trace did not record: another allocation at the
+                # same address and size (a gradient where an activation was)
+                b = self._split_at_gap(b, self.gaps[-1])
             if (
                 b.label is None
                 or _priority(category) < _priority(b.label[0])
@@ -365,6 +422,20 @@ class _Replay:
                 b.label = (category, module, name)
                 b.label_shape, b.label_dtype = shape, dtype
                 self.census_labels += 1
+
+    def _split_at_gap(self, b: Block, gap: tuple[int, int | None, str]) -> Block:
+        """End ``b`` where the trace resumed (``gap``) and go on with a block of its own
+        there, made in the steps the trace did not record (no frame)."""
+        pos, step, phase = gap
+        b.free = pos
+        after = Block(SPLIT_BLOCKS + len(self.renamed), b.addr, b.size, pos, phase=phase, step=step)
+        self.blocks[after.block] = after
+        self.by_addr[b.addr] = after.block
+        for old, new in self.renamed.items():  # split before: the first number leads here
+            if new == b.block:
+                self.renamed[old] = after.block
+        self.renamed[b.block] = after.block
+        return after
 
     # ---- lines ----------------------------------------------------------------------------------
     def _line_marker(self, record: list[Any], pos: int) -> None:

@@ -170,9 +170,7 @@ class PeakLedger:
         with self._lock:
             stats = torch._C._cuda_memoryStats(device_index)
             pending = self._pending.get(device_index)
-            if pending:
-                _apply_peaks(stats, pending)
-            if reset:
+            if reset:  # the user's view: since their last reset (before pending is merged)
                 paths = self._paths
                 if paths is None:
                     paths = self._paths = _peak_paths(stats)
@@ -190,9 +188,11 @@ class PeakLedger:
                         break
                     if value > ledger.get(key, -1):
                         ledger[key] = value
-                if pending is not None:
-                    del self._pending[device_index]
                 torch._C._cuda_resetPeakMemoryStats(device_index)
+            if pending:  # vramscope's view: what the user's resets wiped since its last read
+                _apply_peaks(stats, pending)
+            if reset and pending is not None:
+                del self._pending[device_index]
         return stats
 
     def install(self) -> None:

@@ -45,6 +45,7 @@ from vramscope.tracking.events import (
     FREE,
     PHASE,
     STEP,
+    UPDATE,
     EventLog,
     merge_trace_windows,
     trim_records,
@@ -628,17 +629,23 @@ class Recorder:
         marking = self.schedule.begin(index, reads)
         if marking != self.marking:
             self._set_marking(marking)
-        if self._windowed:
-            if marking:
-                self._resume_history()
-            else:
-                self._pause_history()
-        if not self.markers and not self.recording and self._cuda_on:
-            return  # the default detail, a step not traced: nothing to keep, however long the run
-        self._step_starts.append(len(self.log))
-        self.mark([STEP, index])
-        if len(self.log) > MAX_RECORDS:
-            self._trim()
+        if self._windowed and marking:
+            self._resume_history()
+        # the default detail keeps nothing of a step it does not trace, however long the run;
+        # its marker still goes into the window that closes here (the step may have begun
+        # where the last optimizer step ended, inside that window)
+        if self.markers or self.recording or not self._cuda_on:
+            self._step_starts.append(len(self.log))
+            self.mark([STEP, index])
+            if len(self.log) > MAX_RECORDS:
+                self._trim()
+        if self._windowed and not marking:
+            self._pause_history()
+
+    def on_update_end(self) -> None:
+        """An optimizer step ended: a step that begins before the next phase began here."""
+        if self.active and (self.markers or self.recording):
+            self.mark([UPDATE])
 
     def _set_marking(self, on: bool) -> None:
         """Turn the module markers on or off (between steps): the marked modules' calls

@@ -20,7 +20,12 @@ kind     fields                                       meaning
 ``b``    module                                       the gradient reaches a module's output
 ``p``    phase name                                   the session's phase changes
 ``s``    step index                                   a new step begins
+``u``                                                 an optimizer step ended: a step that
+                                                      begins before the next ``p`` began
+                                                      here (what came since is its own)
 ``k``    census                                       objects seen here: ``censuses[census]``
+``g``                                                 the allocator's trace resumes after steps
+                                                      it did not record (a window, below)
 ``c``    code                                         a profiled function is entered
 ``l``    code, line, rss, maxrss                      a profiled line begins (host RSS, peak RSS)
 ``r``    code, rss, maxrss                            a profiled function returns
@@ -43,9 +48,11 @@ SCHEMA = "vramscope.events/1"
 
 ALLOC, FREE = "a", "f"
 ENTER, EXIT, BACKWARD = "m", "x", "b"
-PHASE, STEP, CENSUS = "p", "s", "k"
+PHASE, STEP, CENSUS, UPDATE, GAP = "p", "s", "k", "u", "g"
 CALL, LINE, RETURN = "c", "l", "r"
-MARKER_KINDS = frozenset({ENTER, EXIT, BACKWARD, PHASE, STEP, CENSUS, CALL, LINE, RETURN})
+MARKER_KINDS = frozenset(
+    {ENTER, EXIT, BACKWARD, PHASE, STEP, CENSUS, UPDATE, GAP, CALL, LINE, RETURN}
+)
 
 
 @dataclass
@@ -299,11 +306,12 @@ def merge_trace_windows(
     global marker counts when its recording began and ended (``last`` None: at the end), one
     device's trace entries, the blocks allocated when it ended (``[{"address", "size"}]``)
     and the segments then (``[addr, size]``). Between windows nothing was recorded: only
-    the markers of those steps are kept, and at each window's start the blocks live then (its
-    trace read backwards from its end) replace those live at the previous window's end: a
-    block at the same address and size is the same block; the others are freed or allocated
-    there, with no frame (made in steps nobody recorded). Inside each window the records are
-    exact.
+    the markers of those steps are kept, and at each window's start (a ``g`` record) the
+    blocks live then (its trace read backwards from its end) replace those live at the
+    previous window's end: a block at the same address and size is taken as the same block
+    (the analysis splits it at the gap when an object holds it after the gap and none did
+    before: another allocation there); the others are freed or allocated there, with no
+    frame (made in steps nobody recorded). Inside each window the records are exact.
     """
     records: list[list[Any]] = []
     frames: list[list[Any]] = []
@@ -353,6 +361,7 @@ def merge_trace_windows(
                 addr_of[next_block] = addr
                 next_block += 1
         else:
+            records.append([GAP])
             wanted = {addr: (block, size) for block, addr, size in start}
             for addr, (block, size) in list(live.items()):
                 if wanted.get(addr, (None, None))[1] != size:

@@ -190,3 +190,6 @@ class PhaseRecord:
     name: str
     start_s: float
     start_allocated: int | None
+    # the time after an optimizer step ended, read there (see Session.on_optimizer_end): the
+    # next step's first phase when a step begins next, else more of the phase ``name``
+    tail: bool = False

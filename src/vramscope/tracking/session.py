@@ -107,6 +107,13 @@ class Session:
         # while unread steps fold into the record before them: that record's kind, (no
         # backward, optimizer step), which the next unread step must have to fold too
         self._fold_kind: tuple[bool, bool] | None = None
+        # where the open step's last optimizer step ended (time, the read there): what follows
+        # is the next step's if one begins before another phase (a zero_grad, a forward, a
+        # fetch), else this step's; and an unread step's answer there to whether the next
+        # step reads (its read, if it reads, is taken there)
+        self._tail: tuple[float, _Light | None] | None = None
+        self._ended_by = 0  # id() of the optimizer whose step ended there
+        self._next_reads: bool | None = None
         self.name = name
         self.workload_info = dict(workload or {})
         self.detail = detail
@@ -234,6 +241,7 @@ class Session:
         self._running = False
         try:
             now = time.perf_counter()
+            self._tail = self._next_reads = None  # after the last update: its step's
             self._count_unread()
             light = self._read_light(reset=False)
             self._close_phase(now, light)
@@ -263,6 +271,7 @@ class Session:
         self._explicit_steps = True
         if not self._running:
             return
+        self._tail = None
         self._boundary(time.perf_counter(), starting=True)
 
     def epoch(self) -> None:
@@ -460,6 +469,10 @@ class Session:
             return
         now = time.perf_counter()
         step = self._step
+        tail, self._tail = self._tail, None
+        if tail is not None and step is not None and (new_step or self._force_new_step):
+            self._begin_after_update(name, tail)
+            return
         decided = None
         if step is not None and not self._step_reads and not self._force_new_step:
             # a step that reads nothing: the few lines a launch-bound step can afford. What
@@ -478,37 +491,9 @@ class Session:
                 return
             # it ends; when the next one reads nothing either, it goes on in the same
             # record, folded into the record before it (the schedule is told later)
-            schedule = self._phase_reads
-            folds = phase is not None and (
-                (
-                    self._fold_kind == (not step.backwards, step.saw_optimizer)
-                    and (step.forwards or step.backwards or step.saw_optimizer)
-                )
-                or self._can_fold(step)
-            )
-            if folds and schedule.ahead > 0:  # type: ignore[union-attr]
-                schedule.ahead -= 1  # type: ignore[union-attr]
-                schedule.skipped += 1  # type: ignore[union-attr]
-            else:
-                decided = schedule.begin(now, 0.0)  # type: ignore[union-attr]
-                folds = folds and not decided
+            folds, decided = self._unread_step_ends(now, step)
             if folds:
-                index = step.index
-                log = self._unread_log
-                log.append(
-                    (phase.name, phase.start_s, now, index, step.forwards, step.backwards,
-                     step.grad_forward)
-                )  # fmt: skip
-                phase.name, phase.start_s, phase.start_allocated = name, now, None
-                if len(log) >= UNREAD_LOG_LIMIT:
-                    self._count_unread()
-                step.index, step.start_s, step.forwards, step.backwards = index + 1, now, 0, 0
-                step.saw_optimizer = step.grad_forward = False
-                if step.forward_modules:
-                    step.forward_modules.clear()
-                hooks = self._hooks
-                if hooks is not None and hooks.discovering:
-                    hooks.on_step_boundary()
+                self._fold_unread(step, name, now)
                 return
         starting = self._step is None or new_step or self._force_new_step
         light = self._boundary(now, starting, decided)
@@ -520,6 +505,100 @@ class Session:
             self._phase_reads.closing_cost(time.perf_counter() - now)  # type: ignore[union-attr]
         else:
             self._boundary_cost += time.perf_counter() - now
+
+    def _unread_step_ends(self, now: float, step: StepRecord) -> tuple[bool, bool]:
+        """An unread step ends (or its last optimizer step did): whether it folds into the
+        record before it, and whether the next step reads (asked once: where its optimizer
+        step ended, when it had one, see _update_ended)."""
+        folds = self._phase is not None and bool(
+            (
+                self._fold_kind == (not step.backwards, step.saw_optimizer)
+                and (step.forwards or step.backwards or step.saw_optimizer)
+            )
+            or self._can_fold(step)
+        )
+        schedule = self._phase_reads
+        if self._next_reads is not None:
+            decided, self._next_reads = self._next_reads, None
+        elif folds and schedule.ahead > 0:  # type: ignore[union-attr]
+            schedule.ahead -= 1  # type: ignore[union-attr]
+            schedule.skipped += 1  # type: ignore[union-attr]
+            decided = False
+        else:
+            decided = schedule.begin(now, 0.0)  # type: ignore[union-attr]
+        return folds and not decided, decided
+
+    def _fold_unread(self, step: StepRecord, name: str, now: float) -> None:
+        """The unread step ends at ``now``; the next one, unread too, goes on in its record
+        (folded into the record before it when the log is counted), from phase ``name``."""
+        phase = self._phase
+        assert phase is not None
+        index = step.index
+        log = self._unread_log
+        log.append(
+            (phase.name, phase.start_s, now, index, step.forwards, step.backwards,
+             step.grad_forward)
+        )  # fmt: skip
+        phase.name, phase.start_s, phase.start_allocated = name, now, None
+        if len(log) >= UNREAD_LOG_LIMIT:
+            self._count_unread()
+        step.index, step.start_s, step.forwards, step.backwards = index + 1, now, 0, 0
+        step.saw_optimizer = step.grad_forward = False
+        if step.forward_modules:
+            step.forward_modules.clear()
+        hooks = self._hooks
+        if hooks is not None and hooks.discovering:
+            hooks.on_step_boundary()
+
+    def _update_ended(self) -> None:
+        """An optimizer step ended: read here where the step reads its phases (its last phase
+        closes with its exact peak), or where the next step reads, which ends the unread
+        steps here. What follows is the next step's if one begins before another phase does
+        (_begin_after_update), else more of this one."""
+        now = time.perf_counter()
+        step, phase = self._step, self._phase
+        if step is None or phase is None:
+            return
+        light = None
+        if step.reads:
+            light = self._read_light(reset=True)
+            self._close_phase(now, light)
+            self._phase = PhaseRecord(phase.name, now, light[0] if light else None, tail=True)
+            self._boundary_cost += time.perf_counter() - now
+        elif self._phase_reads is not None and self._device_index is not None:
+            self._next_reads = self._unread_step_ends(now, step)[1]
+            if self._next_reads and (light := self._read_light(reset=True)) is not None:
+                self._peak_without_phase(light, step)
+        self._tail = (now, light)
+        if self._attribution is not None:  # attribution: a step may begin here
+            self._attribution.on_update_end()
+
+    def _begin_after_update(self, name: str, tail: tuple[float, _Light | None]) -> None:
+        """A step begins (its first phase ``name``) after the open step's last optimizer
+        step: it began where that ended, and what came since (zeroing the gradients, the
+        next batch) is its own. The read taken there closed the open step."""
+        t, light = tail
+        step, phase = self._step, self._phase
+        assert step is not None and phase is not None
+        if step.reads:
+            next_reads = True
+            schedule = self._phase_reads
+            if schedule is not None and self._device_index is not None:
+                next_reads = schedule.begin(t, self._boundary_cost, self._force_new_step)
+                self._boundary_cost = 0.0
+        else:
+            folds, next_reads = self._unread_step_ends(t, step)
+            if folds:
+                self._fold_unread(step, name, t)
+                return
+            self._count_unread()
+            self._time_unread(step, phase.name, phase.start_s, t, step.index)
+        self._phase = None
+        self._finish_step(t, light)
+        self._begin_step(t, light, next_reads)
+        self._phase = PhaseRecord(name, t, light[0] if light is not None else None)
+        if self._attribution is not None:
+            self._attribution.on_phase(name)
 
     def _can_fold(self, step: StepRecord) -> bool:
         """Whether the open step, which read nothing, can be folded into the record before
@@ -579,8 +658,10 @@ class Session:
         next_reads = True
         schedule = self._phase_reads
         if starting and schedule is not None and self._device_index is not None:
+            force = self._force_new_step or self._step is None
+            if decided is None and self._next_reads is not None:  # asked where the update ended
+                decided, self._next_reads = self._next_reads or force, None
             if decided is None:
-                force = self._force_new_step or self._step is None
                 decided = schedule.begin(now, self._boundary_cost, force)
             next_reads = decided
             self._boundary_cost = 0.0
@@ -641,7 +722,8 @@ class Session:
                 count=0,
                 step=step.index,
             )
-        stats.count += 1
+        if not phase.tail:  # the time after an update: more of the phase before it
+            stats.count += 1
         stats.duration_s += now - phase.start_s
         if light is not None:
             peak_allocated, peak_reserved = self._peaks(light)
@@ -907,13 +989,16 @@ class Session:
     def on_optimizer_start(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._running:
             return
+        # the optimizer that ended the step steps again before anything else: the next step
+        # (its forward and backward run inside it, in a closure); another one: the same step
+        again = self._tail is not None and self._ended_by == id(optimizer)
         if self._last_optimizer() is not optimizer:
             if optimizer not in self._optimizers:
                 self._optimizers.add(optimizer)
                 self._ledger.new_optimizer()
             with contextlib.suppress(TypeError):
                 self._last_optimizer = weakref.ref(optimizer)
-        self._transition("optimizer")
+        self._transition("optimizer", new_step=again)
         attribution = self._attribution
         if attribution is not None and attribution.recording:  # the gradients' storages
             attribution.on_optimizer_start(optimizer, list(self._models))
@@ -931,6 +1016,10 @@ class Session:
             # state (SGD without momentum), which would pay a count of every parameter per
             # step; the first steps are counted, then the 16th, 32nd, ... (and the end)
             self._count_objects()
+        if self._running and not self._explicit_steps:
+            # a training step ends where its last optimizer step ends (_update_ended)
+            self._ended_by = id(optimizer)
+            self._update_ended()
 
     def on_zero_grad(self) -> None:
         if not self._running:
