@@ -76,7 +76,12 @@ def test_run_keeps_the_scripts_exit_code_and_saves_a_partial_report(tmp_path):
         "code": 3,
         "error": "exited with 3",
         "signal": None,
+        "signal_number": None,
+        "killed_by": None,
+        "lost_seconds": None,
+        "source": None,  # written by the script's process, not made from its journal
     }
+    assert not (tmp_path / "r.journal").exists()  # the report is written: no journal left
     assert len(report["steps"]) == 4
 
 

@@ -179,7 +179,7 @@ def test_a_failing_rank_leaves_its_row_and_the_job_keeps_its_exit_code(tmp_path)
     assert any(f.kind == "rank_failed" and f.data["rank"] == 1 for f in report.findings)
 
 
-def test_a_hanging_rank_is_marked_timed_out_after_the_gather_timeout(tmp_path):
+def test_a_hanging_rank_is_marked_timed_out_and_its_row_is_read_from_its_journal(tmp_path):
     done = tmp_path / "job.json"  # the hanging rank waits until the job's report exists
     proc = torchrun(
         2,
@@ -192,7 +192,15 @@ def test_a_hanging_rank_is_marked_timed_out_after_the_gather_timeout(tmp_path):
     hung = report.ranks[1]
     assert not hung.reported and hung.exit.status == "timed_out" and hung.exit.code is None
     assert hung.host == socket.gethostname() and hung.pid  # from its hello at the start
-    assert hung.peak == Peak() and hung.categories_at_peak.total() == 0
+    # what the hanging rank's journal held when rank 0 gave up waiting: its steps so far
+    assert hung.source == "journal" and hung.steps >= 2
+    assert hung.peak.host_rss_bytes > 32 * MIB and hung.peak.allocated_bytes is None
+    assert hung.categories_at_peak.parameters == PARAMETER_BYTES
+    assert "its row is made from its journal" in hung.exit.error
+    assert sorted(p.name for p in (tmp_path / "job.ranks").iterdir()) == [
+        "rank-0.json",
+        "rank-1.journal",  # kept beside the job's report: `vramscope report` reads it
+    ]
     assert report.ranks[0].reported and report.ranks[0].exit.status == "ok"
     gathered = data["distributed"]["gather"]
     assert gathered["missing"] == [1] and gathered["via"] == []

@@ -173,7 +173,15 @@ def command(
         if code:
             sys.exit(code)
         return
-    # torch is imported from here on: `--nproc` above starts torchrun without it
+    from vramscope.distributed.rank import RankInfo
+
+    child = None
+    if RankInfo.from_env() is None:  # (torchrun's agent already watches each rank)
+        check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
+        outputs = (json_path, html_path, trace_path, csv_path, quiet)
+        child = _run_in_child(script, outputs)
+    # torch is imported from here on: `--nproc` above starts torchrun without it, and the
+    # process that watches the script's forks before it
     from vramscope.distributed.job import RankJob
     from vramscope.tracking.runner import StopSignals, apply_allocator_config, run_script
     from vramscope.tracking.session import Session
@@ -198,6 +206,7 @@ def command(
         phase_steps=phase_steps,
         lines_of=list(lines_of) or [script],
         snapshot=snapshot_path,
+        journal=child.journal if child is not None else None,
     )
     if job is not None:
         job.start(session)
@@ -215,6 +224,8 @@ def command(
                 report = report if gatherer else None
         if report is not None:
             emit(report, json_path, html_path, trace_path, csv_path, quiet)
+        if child is not None:
+            child.reported()
         if snapshot and not quiet:
             click.echo(f"{said}wrote {snapshot}", err=True)
     if stops.received is not None:
@@ -227,6 +238,32 @@ def command(
         click.echo(f"{said}{script} exited with code {code}; the report is partial", err=True)
     if code:
         sys.exit(code)
+
+
+def _run_in_child(script: str, outputs: tuple[Any, ...]) -> Any:
+    """Fork the process that runs the script (see :mod:`vramscope.journal.supervise`); this
+    one waits and makes the report from the journal if that process dies without one. In
+    the child, its side (the journal's path); None where it cannot fork (the script then
+    runs here, and a SIGKILL leaves no report)."""
+    from vramscope.journal import files
+    from vramscope.journal.supervise import supervise, why_not_supervised
+
+    if why_not_supervised() is not None or not Path(script).is_file():
+        return None
+    json_path = outputs[0]
+    try:
+        journal = files.beside(json_path) if json_path and json_path != "-" else None
+        journal = journal or files.private_path()
+    except (files.StatusDirError, OSError) as exc:
+        click.echo(f"vramscope: no journal ({exc}): a killed run leaves no report", err=True)
+        return None
+
+    def on_death(ending: Any) -> None:
+        from vramscope.cli.recovered import report_on_death
+
+        report_on_death(journal, script, ending, *outputs)
+
+    return supervise(journal, on_death)
 
 
 def _run_options(params: dict[str, Any]) -> list[str]:
