@@ -9,7 +9,8 @@ What it costs and when it writes:
   figures when they changed. No ``fsync``: a process that dies leaves what it wrote in the
   kernel's page cache, which is what the journal is for;
 - **samples**: the sampler's thread appends each timeline sample and writes them every
-  ``FLUSH_EVERY_S`` (with the device, once known, and the allocator's OOM counters);
+  ``FLUSH_EVERY_S`` (with the device, once known, and the allocator's OOM counters), and
+  a step's write takes those waiting along;
 - **bounded**: once the file passes ``COMPACT_AT_BYTES`` (or twice its last compacted size)
   it is rewritten whole: the header, the latest of each kind of record, the step entries
   (folded as the report's step table folds them, to at most ``MAX_ENTRIES``) and the
@@ -213,6 +214,9 @@ class JournalWriter:
                 out.append(line)
         with self._lock:
             self._state_lines(out)
+            samples, self._samples = self._samples, []  # (in the same write)
+        if samples:
+            out.extend(self._sample_lines(samples))
         if out:
             self._write(b"".join(out))
 
