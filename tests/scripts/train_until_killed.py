@@ -1,6 +1,6 @@
 """A small training run that dies the way it is told to, printing (flushed) what it did: its
-pid and parameter bytes first, then after each optimizer step the step, the time and its RSS;
-"dying TIME" just before it kills itself."""
+pid and parameter bytes first, then after each optimizer step the step, the time, its RSS and
+(on CUDA) the bytes allocated; "dying TIME" just before it dies."""
 
 import argparse
 import ctypes
@@ -16,7 +16,16 @@ from torch import nn
 parser = argparse.ArgumentParser()
 parser.add_argument(
     "--die",
-    choices=["never", "segfault", "exit", "memory", "hang", "hang-holding-the-gil"],
+    choices=[
+        "never",
+        "segfault",
+        "exit",
+        "memory",
+        "hang",
+        "hang-holding-the-gil",
+        "cuda-error",
+        "cuda-oom-then-killed",
+    ],
     default="never",
 )
 parser.add_argument("--at", type=int, default=5, help="the step after which it dies")
@@ -58,6 +67,20 @@ def die() -> None:
     elif args.die == "hang-holding-the-gil":  # native code that never lets Python run
         print("hanging", flush=True)
         re.match(r"(a+)+$", "a" * 64 + "b")
+    elif args.die == "cuda-error":  # an index out of range: a device-side assert
+        dying()
+        torch.zeros(4, device=device)[torch.tensor([10], device=device)]
+        torch.cuda.synchronize()
+    elif args.die == "cuda-oom-then-killed":  # a real OOM, caught; then the launcher kills it
+        try:
+            while True:
+                kept.append(torch.empty(8 * 2**30, dtype=torch.uint8, device=device))
+        except torch.cuda.OutOfMemoryError:
+            print(f"oom {torch.cuda.max_memory_allocated()}", flush=True)
+        kept.clear()
+        time.sleep(1.5)  # the run goes on a moment, the journal written twice a second
+        dying()
+        os.kill(os.getpid(), 9)
 
 
 torch.manual_seed(0)
@@ -76,7 +99,8 @@ for step in range(args.steps):
         die()
     opt.step()
     kept.append(torch.ones(args.leak_mib * 2**20, dtype=torch.uint8, device=device))
-    print(f"done {step} {time.time():.6f} {rss()}", flush=True)
+    allocated = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+    print(f"done {step} {time.time():.6f} {rss()} {allocated}", flush=True)
     if step == args.at:
         die()
     time.sleep(0.02)

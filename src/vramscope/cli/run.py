@@ -159,7 +159,9 @@ def command(
     vramscope's options come before the script; everything after it is the script's.
     Phases (forward, backward, optimizer, zero_grad, data), steps and epochs are found
     without changing the script. The script's exit code is kept; a failing or
-    interrupted script still leaves a partial report.
+    interrupted script still leaves a partial report, and one whose process is killed
+    (SIGKILL, the OOM killer, a segfault, os._exit) a report made from its journal
+    (NAME.journal beside --json NAME.json, written as the run goes).
 
     Under torchrun (`torchrun --nproc-per-node N -m vramscope run ...`, or `--nproc N`)
     each rank tracks itself and rank 0 writes one report with a row per rank.

@@ -66,7 +66,8 @@ class BadRecord(ValueError):
 
 
 def _time(value: float | None, t0: float) -> float | None:
-    return None if value is None else round(value - t0, 6)
+    # not rounded: the report made from the journal computes the same times to the bit
+    return None if value is None else value - t0
 
 
 def encode_step(record: StepRecord, t0: float) -> list[Any]:
@@ -95,13 +96,13 @@ def encode_step(record: StepRecord, t0: float) -> list[Any]:
                 p.peak_reserved_bytes,
                 p.start_allocated_bytes,
                 p.end_allocated_bytes,
-                round(p.duration_s, 6),
+                p.duration_s,
                 p.count,
                 p.step,
             ]
             for p in list(record.phases.values())
         ],
-        {name: [times[0], round(times[1], 6)] for name, times in list(record.phase_times.items())},
+        {name: [times[0], times[1]] for name, times in list(record.phase_times.items())},
     ]
 
 

@@ -67,12 +67,14 @@ def report_from_journal(journal: Journal, ending: Ending | None = None) -> Repor
         host_rss_bytes=max((s[4] for s in samples if s[4] is not None), default=None),
         device_used_bytes=max((s[3] for s in samples if s[3] is not None), default=None),
     )
+    notes: list[str] = []
     if cuda:
         peak.allocated_bytes = _int(peak_record.get("allocated_bytes"))
         peak.reserved_bytes = _int(peak_record.get("reserved_bytes"))
         peak.step = _int(peak_record.get("step"))
         phase = peak_record.get("phase")
         peak.phase = phase if isinstance(phase, str) else None
+        notes += _peak_from_samples(peak, samples, records)
     else:
         for key in ("peak.allocated_bytes", "peak.reserved_bytes", "peak.device_used_bytes"):
             report.unavailable[key] = CPU_REASON
@@ -99,8 +101,31 @@ def report_from_journal(journal: Journal, ending: Ending | None = None) -> Repor
         }
     settle_categories(_run_of(journal, records, report, cuda), report, None)
     report.extra["journal"] = _journal_section(journal, lost)
-    report.extra["tracking_notes"] = _notes(journal, lost)
+    report.extra["tracking_notes"] = _notes(journal, lost) + notes
     return add_findings(report)
+
+
+def _peak_from_samples(
+    peak: Peak, samples: list[tuple[Any, ...]], records: list[StepRecord]
+) -> list[str]:
+    """The allocator's peaks are read where a phase ends: the phase open when the process
+    died was never read, but the timeline sampled it. A sample above the peaks read is the
+    run's peak (a lower bound of it), in the step it fell in, its phase unknown."""
+    top = max((s for s in samples if s[1] is not None), key=lambda s: s[1], default=None)
+    if top is None or top[1] <= (peak.allocated_bytes or 0):
+        return []
+    peak.allocated_bytes = top[1]
+    peak.reserved_bytes = max(peak.reserved_bytes or 0, max(s[2] or 0 for s in samples))
+    peak.phase = None
+    peak.step = next(
+        (r.index for r in records if r.start_s <= top[0] <= (r.end_s or r.start_s)),
+        (records[-1].last_index or records[-1].index) + 1 if records else 0,
+    )
+    return [
+        f"the run's peak is a timeline sample of step {peak.step}, whose phase had not ended "
+        "when the process died (the allocator's peaks are read where a phase ends): the true "
+        "peak may be higher"
+    ]
 
 
 def report_without_journal(script: str, ending: Ending, why: str) -> Report:
@@ -149,7 +174,7 @@ def _timeline(header: dict[str, Any], samples: list[tuple[Any, ...]], report: Re
     interval = header.get("interval_s")
     return Timeline(
         interval_s=float(interval) if isinstance(interval, (int, float)) else None,
-        t=[s[0] for s in samples],
+        t=[round(s[0], 6) for s in samples],
         allocated_bytes=[s[1] for s in samples],
         reserved_bytes=[s[2] for s in samples],
         device_used_bytes=[s[3] for s in samples],
