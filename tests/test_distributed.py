@@ -179,6 +179,26 @@ def test_a_failing_rank_leaves_its_row_and_the_job_keeps_its_exit_code(tmp_path)
     assert any(f.kind == "rank_failed" and f.data["rank"] == 1 for f in report.findings)
 
 
+def test_a_killed_rank_is_in_the_jobs_report_with_what_its_journal_holds(tmp_path):
+    proc = vramscope(
+        "run", "--nproc", "2", "-q", "--json", "job.json", str(SCRIPT), "--kill-rank", "1",
+        "--steps", "4", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    _, report = load(tmp_path / "job.json")
+    killed = report.ranks[1]
+    assert not killed.reported and killed.exit.status == "lost" and killed.source == "journal"
+    assert "its row is made from its journal" in killed.exit.error
+    assert killed.steps >= 1 and killed.peak.host_rss_bytes > 32 * MIB
+    assert killed.categories_at_peak.parameters == PARAMETER_BYTES
+    assert killed.report_file == str(tmp_path / "job.ranks" / "rank-1.journal")
+    found = [f for f in report.findings if f.kind == "rank_missing"]
+    assert len(found) == 1 and "its row is empty" not in found[0].message
+    again = vramscope("report", "-q", "--json", "rank1.json", killed.report_file, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr  # the journal, read by hand
+    assert json.loads((tmp_path / "rank1.json").read_text())["steps"]
+
+
 def test_a_hanging_rank_is_marked_timed_out_and_its_row_is_read_from_its_journal(tmp_path):
     done = tmp_path / "job.json"  # the hanging rank waits until the job's report exists
     proc = torchrun(

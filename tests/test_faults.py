@@ -31,6 +31,7 @@ from vramscope import schema
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "train_until_killed.py"
 MIB = 2**20
+RUN = [sys.executable, "-m", "vramscope", "run", "-q", "--json", "r.json"]  # SCRIPT, ARGS
 SEED = 2034  # kills at 0.23, 1.08 and 2.42 s: before the first step, and later
 _moments = random.Random(SEED)
 KILL_AFTER_S = [round(_moments.uniform(0.0, 3.0), 2) for _ in range(3)]  # after its first line
@@ -80,17 +81,7 @@ def play(name: str, folder: Path) -> Scenario:
     """Run scenario ``name`` to its end in ``folder``, reading what the script prints."""
     scenario = replace(SCENARIOS[name], done=[], folder=folder)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vramscope",
-            "run",
-            "-q",
-            "--json",
-            "r.json",
-            str(SCRIPT),
-            *scenario.args,
-        ],
+        [*RUN, str(SCRIPT), *scenario.args],
         cwd=folder,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
         stdout=subprocess.PIPE,
@@ -300,9 +291,8 @@ def test_the_kernels_oom_killer_is_named(tmp_path):
         def enter() -> None:  # (in the child, before it runs vramscope)
             (group / "cgroup.procs").write_text(str(os.getpid()))
 
-        command = [sys.executable, "-m", "vramscope", "run", "-q", "--json", "r.json"]
         proc = subprocess.run(
-            [*command, str(SCRIPT), "--leak-mib", "8"],
+            [*RUN, str(SCRIPT), "--leak-mib", "8"],
             cwd=tmp_path,
             env=dict(os.environ, OMP_NUM_THREADS="1"),
             capture_output=True,

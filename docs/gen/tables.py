@@ -577,7 +577,10 @@ def journal_cost(root: Path) -> str:
             f"step time with against without, {cost['rounds']} rounds side by side",
             f"{cost['overhead_pct']:+.1f} % (p10..p90 {low:+.1f}..{high:+.1f} %)",
         ],
-        ["a flush of the samples (sampler thread, twice a second)", f"{cost['sampler_flush_us']:.0f} µs"],
+        [
+            "a flush of the samples (sampler thread, twice a second)",
+            f"{cost['sampler_flush_us']:.0f} µs",
+        ],
         ["a step's line", f"{long['step_line_bytes']} bytes"],
         [
             f"the largest file over {long['steps']:,} steps ({long['compactions']} compactions)",
@@ -768,6 +771,8 @@ def oracle_cpu(root: Path) -> str:
 @table("oracle-h200")
 def oracle_h200(root: Path) -> str:
     return _oracle(root, "peak_oracle_h200.json")
+
+
 @table("exit-codes")
 def exit_codes(root: Path) -> str:
     """The exit codes, from the one policy the commands use (``vramscope.cli.exits``)."""

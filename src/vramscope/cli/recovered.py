@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -37,18 +38,11 @@ def load_journal_report(path: str) -> tuple[Report, str | None]:
 
 
 def report_on_death(
-    journal_path: Path,
-    script: str,
-    ending: Ending,
-    json_path: str | None,
-    html_path: str | None,
-    trace_path: str | None,
-    csv_path: str | None,
-    quiet: bool,
+    journal_path: Path, script: str, ending: Ending, outputs: dict[str, Any]
 ) -> None:
     """``run``'s script's process ended without its report: make it from the journal (or,
-    with no journal, from how the process ended alone), write it where ``run`` was asked to,
-    and say so in one line."""
+    with no journal, from how the process ended alone), write it where ``run`` was asked to
+    (``outputs``: :func:`emit`'s paths and ``quiet``), and say so in one line."""
     shown = str(journal_path)
     damaged = None
     if ending.signal is None and not journal_path.exists():
@@ -68,7 +62,7 @@ def report_on_death(
             f", which misses its last {lost:.1f} s" if lost is not None else ""
         )
     try:
-        emit(report, json_path, html_path, trace_path, csv_path, quiet)
+        emit(report, **outputs)
     except VramscopeError as exc:
         click.echo(f"vramscope: error: {exc}", err=True)
     click.echo(f"vramscope: {script}: {report.exit.error}; the report is {where}", err=True)

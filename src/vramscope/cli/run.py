@@ -180,7 +180,13 @@ def command(
     child = None
     if RankInfo.from_env() is None:  # (torchrun's agent already watches each rank)
         check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
-        outputs = (json_path, html_path, trace_path, csv_path, quiet)
+        outputs = dict(
+            json_path=json_path,
+            html_path=html_path,
+            trace_path=trace_path,
+            csv_path=csv_path,
+            quiet=quiet,
+        )
         child = _run_in_child(script, outputs)
     # torch is imported from here on: `--nproc` above starts torchrun without it, and the
     # process that watches the script's forks before it
@@ -242,7 +248,7 @@ def command(
         sys.exit(code)
 
 
-def _run_in_child(script: str, outputs: tuple[Any, ...]) -> Any:
+def _run_in_child(script: str, outputs: dict[str, Any]) -> Any:
     """Fork the process that runs the script (see :mod:`vramscope.journal.supervise`); this
     one waits and makes the report from the journal if that process dies without one. In
     the child, its side (the journal's path); None where it cannot fork (the script then
@@ -252,7 +258,7 @@ def _run_in_child(script: str, outputs: tuple[Any, ...]) -> Any:
 
     if why_not_supervised() is not None or not Path(script).is_file():
         return None
-    json_path = outputs[0]
+    json_path = outputs["json_path"]
     try:
         journal = files.beside(json_path) if json_path and json_path != "-" else None
         journal = journal or files.private_path()
@@ -263,7 +269,7 @@ def _run_in_child(script: str, outputs: tuple[Any, ...]) -> Any:
     def on_death(ending: Any) -> None:
         from vramscope.cli.recovered import report_on_death
 
-        report_on_death(journal, script, ending, *outputs)
+        report_on_death(journal, script, ending, outputs)
 
     return supervise(journal, on_death)
 
