@@ -191,12 +191,26 @@ def test_a_killed_rank_is_in_the_jobs_report_with_what_its_journal_holds(tmp_pat
     assert "its row is made from its journal" in killed.exit.error
     assert killed.steps >= 1 and killed.peak.host_rss_bytes > 32 * MIB
     assert killed.categories_at_peak.parameters == PARAMETER_BYTES
-    assert killed.report_file == str(tmp_path / "job.ranks" / "rank-1.journal")
+    assert killed.report_file == str(Path("job.ranks") / "rank-1.journal")  # kept
     found = [f for f in report.findings if f.kind == "rank_missing"]
     assert len(found) == 1 and "its row is empty" not in found[0].message
     again = vramscope("report", "-q", "--json", "rank1.json", killed.report_file, cwd=tmp_path)
     assert again.returncode == 0, again.stderr  # the journal, read by hand
     assert json.loads((tmp_path / "rank1.json").read_text())["steps"]
+
+
+def test_a_killed_rank_0_leaves_the_jobs_report_made_from_the_ranks_files(tmp_path):
+    proc = vramscope(
+        "run", "--nproc", "2", "-q", "--json", "job.json", str(SCRIPT), "--kill-rank", "0",
+        "--steps", "4", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "rank 0 ended without the job's report" in proc.stderr, proc.stderr[-3000:]
+    _, report = load(tmp_path / "job.json")
+    first, second = report.ranks
+    assert first.source == "journal" and first.exit.status == "lost" and first.steps >= 1
+    assert first.categories_at_peak.parameters == PARAMETER_BYTES
+    assert second.reported and second.exit.status != "ok"  # stopped once rank 0 died
 
 
 def test_a_hanging_rank_is_marked_timed_out_and_its_row_is_read_from_its_journal(tmp_path):

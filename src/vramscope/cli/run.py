@@ -171,7 +171,30 @@ def command(
         from vramscope.distributed.launch import launch
 
         forwarded = _run_options(click.get_current_context().params)
-        code = launch(nproc, forwarded, script, list(args), stdout=real_stdout())
+
+        def without_rank_0() -> None:  # rank 0 was killed: the job's report from its files
+            if not json_path or json_path == "-":
+                return
+            from vramscope.distributed.journals import job_report_from_files
+
+            folder = Path(json_path).with_name(Path(json_path).stem + ".ranks")
+            report = job_report_from_files(folder, nproc)
+            if report is not None:
+                emit(report, json_path, html_path, trace_path, csv_path, quiet)
+                click.echo(
+                    f"vramscope: rank 0 ended without the job's report; it is made from the "
+                    f"ranks' reports and journals in {folder}",
+                    err=True,
+                )
+
+        code = launch(
+            nproc,
+            forwarded,
+            script,
+            list(args),
+            stdout=real_stdout(),
+            without_rank_0=without_rank_0,
+        )
         if code:
             sys.exit(code)
         return

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.distributed import DEFAULT_TIMEOUT_S, JOB_EXIT_FILE, VIA, exchange, gather
+from vramscope.distributed.journals import journal_row
 from vramscope.distributed.memory import DistributedMemory
 from vramscope.distributed.rank import RankInfo, now_iso
 from vramscope.errors import VramscopeError
@@ -236,39 +237,18 @@ class RankJob:
         return row if row.rank == rank else None
 
     def _from_journal(self, row: RankEntry, journals: dict[int, Report]) -> RankEntry:
-        """The row of a rank that sent no report, from its journal when it left one (its
-        process was killed, crashed, or hangs): its numbers up to the journal's last line."""
+        """The row of a rank that sent no report, from its journal when it left one."""
         if self._dir is None:
             return row
-        name = exchange.journal_file(row.rank)
-        raw = self._dir.read(name)
-        if raw is None:
-            return row
-        from vramscope.journal.reader import JournalError, parse_journal
-        from vramscope.journal.rebuild import report_from_journal
-
         try:
-            journal = parse_journal(raw, str(self._dir.path / name))
-            report = report_from_journal(journal)
-        except (JournalError, VramscopeError) as exc:
+            made = journal_row(self._dir, row, self.info.section(), self._kept)
+        except VramscopeError as exc:
             self.notes.append(f"rank {row.rank}'s journal is unreadable: {exc}")
             return row
-        report.extra["distributed"] = {
-            **self.info.section(),
-            "rank": row.rank,
-            "host": row.host,
-            "pid": row.pid,
-            "local_rank": None,
-        }
-        made = gather.row_of(report)
-        made.exit, made.reported, made.source = row.exit, False, "journal"
-        made.exit.error = (
-            f"{row.exit.error}; its row is made from its journal, which ends "
-            f"{journal.last_t:.1f} s after it started"
-        )
-        made.report_file = str(self._dir.path / name) if self._kept else None
-        journals[row.rank] = report
-        return made
+        if made is None:
+            return row
+        journals[row.rank] = made[1]
+        return made[0]
 
     def _heaviest_report(
         self,
