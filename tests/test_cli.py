@@ -131,3 +131,21 @@ def test_measure_writes_json_and_report_rerenders_it(tmp_path):
     assert report["schema"] == "vramscope.report/1" and len(report["steps"]) == 2
     again = vramscope("report", str(out))
     assert again.returncode == 0 and "example:cnn" in again.stdout
+
+
+def test_run_passes_stdin_stdout_and_stderr_through_to_the_script(tmp_path):
+    script = tmp_path / "echo.py"
+    script.write_text(
+        "import sys\nline = sys.stdin.readline()\nprint('out:', line.strip())\n"
+        "print('err:', line.strip(), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "-q", str(script)],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "out: hello\n"
+    assert proc.stderr == "err: hello\n"

@@ -69,6 +69,7 @@ SCENARIOS = {
     "os_exit": Scenario("os_exit", ["--die", "exit", "--at", "6"]),
     "memory_limit": Scenario("memory_limit", ["--die", "memory", "--at", "4"]),
     "hang": Scenario("hang", ["--die", "hang", "--at", "4"], group_signal=signal.SIGTERM),
+    "ctrl_c": Scenario("ctrl_c", ["--die", "hang", "--at", "4"], group_signal=signal.SIGINT),
     "hang_holding_the_gil": Scenario(
         "hang_holding_the_gil",
         ["--die", "hang-holding-the-gil", "--at", "4"],
@@ -209,6 +210,18 @@ def test_a_hung_step_stopped_by_a_timeout_leaves_the_scripts_own_report(tmp_path
     assert report["exit"]["status"] == "terminated" and report["exit"]["source"] is None
     assert [s["index"] for s in report["steps"]] == [0, 1, 2, 3, 4]  # 4: the hung one
     assert not (scenario.folder / "r.journal").exists()
+    check_steps_and_peaks(scenario, report)
+
+
+def test_ctrl_c_in_a_terminal_interrupts_the_script_once(tmp_path):
+    """SIGINT to the whole group, as a terminal's Ctrl-C sends it: one KeyboardInterrupt in
+    the script (vramscope's parent passes on nothing), its own partial report, exit 130."""
+    scenario = play("ctrl_c", tmp_path)
+    assert scenario.returncode == 130, scenario.stderr
+    report = scenario.report()
+    assert report["exit"]["status"] == "interrupted" and report["exit"]["source"] is None
+    assert [s["index"] for s in report["steps"]] == [0, 1, 2, 3, 4]
+    assert scenario.stderr.count("KeyboardInterrupt") <= 1
     check_steps_and_peaks(scenario, report)
 
 
