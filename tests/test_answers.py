@@ -283,6 +283,10 @@ def test_a_fit_stopped_by_sigterm_says_so_and_keeps_its_estimates(tmp_path):
         "code": 143,
         "error": "stopped by SIGTERM",
         "signal": "SIGTERM",
+        "signal_number": 15,
+        "killed_by": None,
+        "lost_seconds": None,
+        "source": None,
     }
     section = data["fit"]
     assert section["interrupted"] and section["max_batch_size"] is None

@@ -76,7 +76,12 @@ def test_run_keeps_the_scripts_exit_code_and_saves_a_partial_report(tmp_path):
         "code": 3,
         "error": "exited with 3",
         "signal": None,
+        "signal_number": None,
+        "killed_by": None,
+        "lost_seconds": None,
+        "source": None,  # written by the script's process, not made from its journal
     }
+    assert not (tmp_path / "r.journal").exists()  # the report is written: no journal left
     assert len(report["steps"]) == 4
 
 
@@ -126,3 +131,21 @@ def test_measure_writes_json_and_report_rerenders_it(tmp_path):
     assert report["schema"] == "vramscope.report/1" and len(report["steps"]) == 2
     again = vramscope("report", str(out))
     assert again.returncode == 0 and "example:cnn" in again.stdout
+
+
+def test_run_passes_stdin_stdout_and_stderr_through_to_the_script(tmp_path):
+    script = tmp_path / "echo.py"
+    script.write_text(
+        "import sys\nline = sys.stdin.readline()\nprint('out:', line.strip())\n"
+        "print('err:', line.strip(), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "-q", str(script)],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "out: hello\n"
+    assert proc.stderr == "err: hello\n"

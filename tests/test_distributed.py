@@ -179,7 +179,41 @@ def test_a_failing_rank_leaves_its_row_and_the_job_keeps_its_exit_code(tmp_path)
     assert any(f.kind == "rank_failed" and f.data["rank"] == 1 for f in report.findings)
 
 
-def test_a_hanging_rank_is_marked_timed_out_after_the_gather_timeout(tmp_path):
+def test_a_killed_rank_is_in_the_jobs_report_with_what_its_journal_holds(tmp_path):
+    proc = vramscope(
+        "run", "--nproc", "2", "-q", "--json", "job.json", str(SCRIPT), "--kill-rank", "1",
+        "--steps", "4", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    _, report = load(tmp_path / "job.json")
+    killed = report.ranks[1]
+    assert not killed.reported and killed.exit.status == "lost" and killed.source == "journal"
+    assert "its row is made from its journal" in killed.exit.error
+    assert killed.steps >= 1 and killed.peak.host_rss_bytes > 32 * MIB
+    assert killed.categories_at_peak.parameters == PARAMETER_BYTES
+    assert killed.report_file == str(Path("job.ranks") / "rank-1.journal")  # kept
+    found = [f for f in report.findings if f.kind == "rank_missing"]
+    assert len(found) == 1 and "its row is empty" not in found[0].message
+    again = vramscope("report", "-q", "--json", "rank1.json", killed.report_file, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr  # the journal, read by hand
+    assert json.loads((tmp_path / "rank1.json").read_text())["steps"]
+
+
+def test_a_killed_rank_0_leaves_the_jobs_report_made_from_the_ranks_files(tmp_path):
+    proc = vramscope(
+        "run", "--nproc", "2", "-q", "--json", "job.json", str(SCRIPT), "--kill-rank", "0",
+        "--steps", "4", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "rank 0 ended without the job's report" in proc.stderr, proc.stderr[-3000:]
+    _, report = load(tmp_path / "job.json")
+    first, second = report.ranks
+    assert first.source == "journal" and first.exit.status == "lost" and first.steps >= 1
+    assert first.categories_at_peak.parameters == PARAMETER_BYTES
+    assert second.reported and second.exit.status != "ok"  # stopped once rank 0 died
+
+
+def test_a_hanging_rank_is_marked_timed_out_and_its_row_is_read_from_its_journal(tmp_path):
     done = tmp_path / "job.json"  # the hanging rank waits until the job's report exists
     proc = torchrun(
         2,
@@ -192,7 +226,16 @@ def test_a_hanging_rank_is_marked_timed_out_after_the_gather_timeout(tmp_path):
     hung = report.ranks[1]
     assert not hung.reported and hung.exit.status == "timed_out" and hung.exit.code is None
     assert hung.host == socket.gethostname() and hung.pid  # from its hello at the start
-    assert hung.peak == Peak() and hung.categories_at_peak.total() == 0
+    # what the hanging rank's journal held when rank 0 gave up waiting: its steps so far
+    assert hung.source == "journal" and hung.steps >= 2
+    assert hung.peak.host_rss_bytes > 32 * MIB and hung.peak.allocated_bytes is None
+    assert hung.categories_at_peak.parameters == PARAMETER_BYTES
+    assert "its row is made from its journal" in hung.exit.error
+    # once it stopped hanging, rank 1 wrote its report, and removed its journal
+    assert sorted(p.name for p in (tmp_path / "job.ranks").iterdir()) == [
+        "rank-0.json",
+        "rank-1.json",
+    ]
     assert report.ranks[0].reported and report.ranks[0].exit.status == "ok"
     gathered = data["distributed"]["gather"]
     assert gathered["missing"] == [1] and gathered["via"] == []

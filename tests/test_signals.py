@@ -79,6 +79,10 @@ def test_a_stopped_run_leaves_every_file_and_exits_as_a_killed_script(tmp_path, 
         "code": code,
         "error": f"stopped by {name}",
         "signal": name,
+        "signal_number": signum,
+        "killed_by": None,
+        "lost_seconds": None,
+        "source": None,
     }
     assert len(data["steps"]) >= 1
     assert (tmp_path / "steps.csv").read_text().count("\n") == len(data["steps"]) + 1

@@ -662,6 +662,43 @@ def long_run(root: Path) -> str:
     )
 
 
+@table("journal-cost")
+def journal_cost(root: Path) -> str:
+    data = load(root, "journal_cost_cpu.json")
+    cost, long = data["side_by_side"], data["long_run"]
+    low, high = cost["overhead_p10_p90_pct"]
+    rows = [
+        [
+            "in the journal's code, a stored step (training thread)",
+            f"{cost['journal_us_per_step_training_thread']:.0f} µs",
+        ],
+        [
+            f"step time with against without, {cost['rounds']} rounds side by side",
+            f"{cost['overhead_pct']:+.1f} % (p10..p90 {low:+.1f}..{high:+.1f} %)",
+        ],
+        [
+            "a flush of the samples (sampler thread, twice a second)",
+            f"{cost['sampler_flush_us']:.0f} µs",
+        ],
+        ["a step's line", f"{long['step_line_bytes']} bytes"],
+        [
+            f"the largest file over {long['steps']:,} steps ({long['compactions']} compactions)",
+            f"{long['largest_bytes'] / 2**20:.2f} MiB",
+        ],
+        ["the slowest compaction", f"{long['slowest_compaction_ms']:.0f} ms"],
+        [
+            f"the report made from it ({long['report_steps_counted']:,} steps)",
+            f"{long['report_from_journal_s']:.2f} s",
+        ],
+    ]
+    return block(
+        markdown(["the journal on the CPU", "cost"], rows, "lr"),
+        f"A {cost['step_us_without'] / 1000:.2f} ms CPU training step, every step stored "
+        f"(the most the journal costs), {measured_on(data['meta'])}, load average "
+        f"{data['meta']['load_average'][0]:.1f}. " + source("journal_cost_cpu.json"),
+    )
+
+
 @table("html-open")
 def html_open(root: Path) -> str:
     data = load(root, "html_open.json")

@@ -1,8 +1,9 @@
 """A small DDP training script on the CPU (gloo), as a user writes it, with ways for one
-rank to differ: hold more memory, fail, or hang until the job's report exists."""
+rank to differ: hold more memory, fail, be killed, or hang until the job's report exists."""
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -15,6 +16,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--heavy-rank", type=int, default=-1, help="this rank keeps 64 MiB more")
 parser.add_argument("--fail-rank", type=int, default=-1, help="this rank exits with code 3")
+parser.add_argument("--kill-rank", type=int, default=-1, help="this rank is killed (SIGKILL)")
 parser.add_argument("--hang-rank", type=int, default=-1, help="this rank waits for --hang-until")
 parser.add_argument("--hang-until", help="a file whose existence ends the hang")
 parser.add_argument("--keep-group", action="store_true", help="leave the process group alive")
@@ -40,6 +42,8 @@ for step in range(args.steps):
     if rank == args.fail_rank and step == 1:
         print(f"rank {rank} gives up", flush=True)
         sys.exit(3)
+    if rank == args.kill_rank and step == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
 if not args.keep_group:
     dist.barrier()
     dist.destroy_process_group()

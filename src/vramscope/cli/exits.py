@@ -86,7 +86,9 @@ def stopped_exit(exc: BaseException) -> ExitInfo:
     """How a report made before an interruption says it was stopped."""
     name, code = signal_of(exc)
     status = "interrupted" if name == "SIGINT" else "terminated"
-    return ExitInfo(status=status, code=code, error=said(exc), signal=name)
+    return ExitInfo(
+        status=status, code=code, error=said(exc), signal=name, signal_number=code - 128
+    )
 
 
 def answers(func: Callable[..., Report | None]) -> Callable[..., None]:

@@ -1,4 +1,5 @@
-"""``vramscope report FILE.json``: re-render a saved report, or ``--diff`` two of them."""
+"""``vramscope report FILE.json``: re-render a saved report, or ``--diff`` two of them;
+``vramscope report RUN.journal``: make the report of a run from its journal."""
 
 from __future__ import annotations
 
@@ -33,6 +34,19 @@ def _labels(a: str, b: str) -> tuple[str, str]:
     return (a, b) if name_a == name_b else (name_a, name_b)
 
 
+def load(path: str) -> tuple[Report, str | None]:
+    """The report in ``path`` (a report's JSON, or a run's journal), and the line that says
+    the journal is damaged (None: nothing to say)."""
+    from vramscope.journal.files import SUFFIX
+    from vramscope.journal.reader import looks_like_journal
+
+    if path.endswith(SUFFIX) or looks_like_journal(path):
+        from vramscope.cli.recovered import load_journal_report
+
+        return load_journal_report(path)
+    return reworded(Report.load(path)), None
+
+
 @click.command(short_help="Re-render a saved report, or compare two.")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option(
@@ -53,20 +67,30 @@ def command(
 ) -> None:
     """Print the report saved in PATH (written with --json) and write other formats.
 
+    PATH may be a run's journal (NAME.journal, written as the run goes): the report is
+    made from it, as `vramscope run` makes it when the script's process dies. A damaged
+    journal gives the report of what is intact, then one line and exit code 2.
+
     With --diff OTHER.json, show what changed from PATH (the baseline) to OTHER: peaks,
     what the peak is made of, each phase and module, with absolute and % changes;
     --html and --json then write the diff.
     """
-    report = reworded(Report.load(path))
+    report, damaged = load(path)
     if diff_path is None:
         emit(report, json_path, html_path, trace_path, csv_path, quiet)
+        if damaged:
+            raise VramscopeError(damaged)
         return
+    if damaged:
+        raise VramscopeError(damaged)
     if trace_path or csv_path:
         raise VramscopeError("--trace and --csv export one report; drop them when using --diff")
     check_paths(json_path, html_path)
     from vramscope.report.diff import diff_reports, print_diff, write_html
 
-    other = Report.load(diff_path)
+    other, damaged = load(diff_path)
+    if damaged:
+        raise VramscopeError(damaged)
     label_a, label_b = _labels(path, diff_path)
     diff = diff_reports(report, other, label_a, label_b)
     if not quiet:

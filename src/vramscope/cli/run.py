@@ -159,7 +159,9 @@ def command(
     vramscope's options come before the script; everything after it is the script's.
     Phases (forward, backward, optimizer, zero_grad, data), steps and epochs are found
     without changing the script. The script's exit code is kept; a failing or
-    interrupted script still leaves a partial report.
+    interrupted script still leaves a partial report, and one whose process is killed
+    (SIGKILL, the OOM killer, a segfault, os._exit) a report made from its journal
+    (NAME.journal beside --json NAME.json, written as the run goes).
 
     Under torchrun (`torchrun --nproc-per-node N -m vramscope run ...`, or `--nproc N`)
     each rank tracks itself and rank 0 writes one report with a row per rank.
@@ -169,11 +171,48 @@ def command(
         from vramscope.distributed.launch import launch
 
         forwarded = _run_options(click.get_current_context().params)
-        code = launch(nproc, forwarded, script, list(args), stdout=real_stdout())
+
+        def without_rank_0() -> None:  # rank 0 was killed: the job's report from its files
+            if not json_path or json_path == "-":
+                return
+            from vramscope.distributed.journals import job_report_from_files
+
+            folder = Path(json_path).with_name(Path(json_path).stem + ".ranks")
+            report = job_report_from_files(folder, nproc)
+            if report is not None:
+                emit(report, json_path, html_path, trace_path, csv_path, quiet)
+                click.echo(
+                    f"vramscope: rank 0 ended without the job's report; it is made from the "
+                    f"ranks' reports and journals in {folder}",
+                    err=True,
+                )
+
+        code = launch(
+            nproc,
+            forwarded,
+            script,
+            list(args),
+            stdout=real_stdout(),
+            without_rank_0=without_rank_0,
+        )
         if code:
             sys.exit(code)
         return
-    # torch is imported from here on: `--nproc` above starts torchrun without it
+    from vramscope.distributed.rank import RankInfo
+
+    child = None
+    if RankInfo.from_env() is None:  # (torchrun's agent already watches each rank)
+        check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
+        outputs = dict(
+            json_path=json_path,
+            html_path=html_path,
+            trace_path=trace_path,
+            csv_path=csv_path,
+            quiet=quiet,
+        )
+        child = _run_in_child(script, outputs)
+    # torch is imported from here on: `--nproc` above starts torchrun without it, and the
+    # process that watches the script's forks before it
     from vramscope.distributed.job import RankJob
     from vramscope.tracking.runner import StopSignals, apply_allocator_config, run_script
     from vramscope.tracking.session import Session
@@ -198,6 +237,7 @@ def command(
         phase_steps=phase_steps,
         lines_of=list(lines_of) or [script],
         snapshot=snapshot_path,
+        journal=child.journal if child is not None else None,
     )
     if job is not None:
         job.start(session)
@@ -215,6 +255,8 @@ def command(
                 report = report if gatherer else None
         if report is not None:
             emit(report, json_path, html_path, trace_path, csv_path, quiet)
+        if child is not None:
+            child.reported()
         if snapshot and not quiet:
             click.echo(f"{said}wrote {snapshot}", err=True)
     if stops.received is not None:
@@ -227,6 +269,32 @@ def command(
         click.echo(f"{said}{script} exited with code {code}; the report is partial", err=True)
     if code:
         sys.exit(code)
+
+
+def _run_in_child(script: str, outputs: dict[str, Any]) -> Any:
+    """Fork the process that runs the script (see :mod:`vramscope.journal.supervise`); this
+    one waits and makes the report from the journal if that process dies without one. In
+    the child, its side (the journal's path); None where it cannot fork (the script then
+    runs here, and a SIGKILL leaves no report)."""
+    from vramscope.journal import files
+    from vramscope.journal.supervise import supervise, why_not_supervised
+
+    if why_not_supervised() is not None or not Path(script).is_file():
+        return None
+    json_path = outputs["json_path"]
+    try:
+        journal = files.beside(json_path) if json_path and json_path != "-" else None
+        journal = journal or files.private_path()
+    except (files.StatusDirError, OSError) as exc:
+        click.echo(f"vramscope: no journal ({exc}): a killed run leaves no report", err=True)
+        return None
+
+    def on_death(ending: Any) -> None:
+        from vramscope.cli.recovered import report_on_death
+
+        report_on_death(journal, script, ending, outputs)
+
+    return supervise(journal, on_death)
 
 
 def _run_options(params: dict[str, Any]) -> list[str]:

@@ -3,7 +3,8 @@
 ``rank`` reads what the launcher says about this process; ``memory`` names the memory
 DDP and FSDP add; ``exchange`` moves each rank's report to rank 0 (the job's store, or
 files in a private directory); ``gather`` joins the reports into one (pure functions);
-``job`` runs those steps at the end of a rank; ``launch`` is ``vramscope run --nproc``.
+``job`` runs those steps at the end of a rank; ``journals`` reads the journal of a rank
+that sent no report; ``launch`` is ``vramscope run --nproc``.
 """
 
 DEFAULT_TIMEOUT_S = 60.0  # how long rank 0 waits for the other ranks' reports by default

@@ -144,6 +144,11 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank}.json"
 
 
+def journal_file(rank: int) -> str:
+    """A rank's journal, written as it runs, beside where its report goes."""
+    return f"rank-{rank}.journal"
+
+
 def encode_report(report: Report) -> bytes:
     return zlib.compress(report.to_json(indent=None).encode("utf-8"), 6)
 

@@ -109,9 +109,14 @@ def missing_row(rank: int, status: str, error: str) -> RankEntry:
     )
 
 
+def measured(row: RankEntry) -> bool:
+    """Whether a row holds numbers: the rank reported, or its journal was read."""
+    return row.reported or row.source == "journal"
+
+
 def measure_of(rows: list[RankEntry]) -> str:
     """What ranks the ranks by: peak allocated when a rank used CUDA, else host RSS."""
-    if any(r.peak.allocated_bytes is not None for r in rows if r.reported):
+    if any(r.peak.allocated_bytes is not None for r in rows if measured(r)):
         return "peak_allocated_bytes"
     return "host_rss_bytes"
 
@@ -123,19 +128,19 @@ def _value(row: RankEntry, by: str) -> int | None:
 
 def heaviest(rows: list[RankEntry], by: str) -> RankEntry | None:
     """The rank with the highest peak (the lowest rank among equals)."""
-    measured = [r for r in rows if r.reported and _value(r, by) is not None]
-    if not measured:
+    weighed = [r for r in rows if measured(r) and _value(r, by) is not None]
+    if not weighed:
         return None
-    return max(measured, key=lambda r: (_value(r, by), -r.rank))
+    return max(weighed, key=lambda r: (_value(r, by), -r.rank))
 
 
 def imbalance(rows: list[RankEntry], by: str) -> dict[str, Any] | None:
     """Heaviest against lightest rank: max/min and the spread, over the ranks that reported."""
-    measured = [r for r in rows if r.reported and _value(r, by) is not None]
-    if not measured:
+    weighed = [r for r in rows if measured(r) and _value(r, by) is not None]
+    if not weighed:
         return None
-    top = max(measured, key=lambda r: (_value(r, by), -r.rank))
-    low = min(measured, key=lambda r: (_value(r, by), r.rank))
+    top = max(weighed, key=lambda r: (_value(r, by), -r.rank))
+    low = min(weighed, key=lambda r: (_value(r, by), r.rank))
     high_bytes, low_bytes = _value(top, by) or 0, _value(low, by) or 0
     return {
         "by": by,
@@ -193,7 +198,8 @@ def rank_findings(rows: list[RankEntry], spread: dict[str, Any] | None) -> list[
                 Finding(
                     "rank_missing",
                     "error",
-                    f"{_where(row)} sent no report ({row.exit.error}); its row is empty",
+                    f"{_where(row)} sent no report ({row.exit.error})"
+                    + ("" if row.source == "journal" else "; its row is empty"),
                     {"rank": row.rank, "status": row.exit.status},
                 )
             )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.distributed import DEFAULT_TIMEOUT_S, JOB_EXIT_FILE, VIA, exchange, gather
+from vramscope.distributed.journals import journal_row
 from vramscope.distributed.memory import DistributedMemory
 from vramscope.distributed.rank import RankInfo, now_iso
 from vramscope.errors import VramscopeError
@@ -68,6 +69,8 @@ class RankJob:
             self._dir, self._kept = exchange.rank_dir(self.json_path, self.info.job)
         except (exchange.UnsafeDirectory, OSError) as exc:
             self.notes.append(f"no rank files: {exc}")
+        if self._dir is not None and session.journal is None:  # rank 0 reads it if this dies
+            session.journal = self._dir.path / exchange.journal_file(self.info.rank)
         if self.via == "auto" and self.info.agent_store is not None:
             agent = exchange.agent_store(self.info.agent_store)
             if agent is not None:
@@ -93,13 +96,17 @@ class RankJob:
             channel = exchange.StoreChannel(store, self.info.job, "process group store")
             self._channels.insert(0, channel)
         row = gather.row_to_dict(gather.row_of(report))
+        published = self.is_gatherer
         for channel in self._channels:
             if self.is_gatherer and not isinstance(channel, exchange.FileChannel):
                 continue  # rank 0 keeps its own report; its file is the one kept
             try:
                 channel.publish(self.info.rank, row, report)
+                published = True
             except Exception as exc:  # one channel down: the others still carry it
                 self.notes.append(f"could not publish through {channel.name}: {exc}")
+        if published and self._dir is not None:  # its report holds what the journal held
+            self._dir.remove(exchange.journal_file(self.info.rank))
         try:
             if not self.is_gatherer:
                 return None
@@ -140,6 +147,7 @@ class RankJob:
         waited = time.perf_counter() - wait_from
         limit = STOPPING_WAIT_S if stopped else self.timeout_s
         hellos = self._hellos(pending)
+        journals: dict[int, Report] = {}  # ranks without a report, made from their journals
         for rank in sorted(pending):
             if rank in gone:
                 row = gather.missing_row(
@@ -153,8 +161,8 @@ class RankJob:
             hello = hellos.get(rank, {})
             row.host = hello.get("host") if isinstance(hello.get("host"), str) else None
             row.pid = hello.get("pid") if isinstance(hello.get("pid"), int) else None
-            rows[rank] = row
-        base = self._heaviest_report(own, list(rows.values()), source)
+            rows[rank] = self._from_journal(row, journals)
+        base = self._heaviest_report(own, list(rows.values()), source, journals)
         for channel in self._channels:
             with contextlib.suppress(Exception):
                 channel.forget(list(range(world)))
@@ -228,10 +236,30 @@ class RankJob:
             return None
         return row if row.rank == rank else None
 
+    def _from_journal(self, row: RankEntry, journals: dict[int, Report]) -> RankEntry:
+        """The row of a rank that sent no report, from its journal when it left one."""
+        if self._dir is None:
+            return row
+        try:
+            made = journal_row(self._dir, row, self.info.section(), self._kept)
+        except VramscopeError as exc:
+            self.notes.append(f"rank {row.rank}'s journal is unreadable: {exc}")
+            return row
+        if made is None:
+            return row
+        journals[row.rank] = made[1]
+        return made[0]
+
     def _heaviest_report(
-        self, own: Report, rows: list[RankEntry], source: dict[int, Any]
+        self,
+        own: Report,
+        rows: list[RankEntry],
+        source: dict[int, Any],
+        journals: dict[int, Report] | None = None,
     ) -> Report:
         top = gather.heaviest(rows, gather.measure_of(rows))
+        if top is not None and journals and top.rank in journals:
+            return journals[top.rank]
         if top is None or top.rank == 0 or top.rank not in source:
             return own
         try:
@@ -247,6 +275,8 @@ class RankJob:
             return
         for rank in [0, *source]:
             self._dir.remove(exchange.rank_file(rank))
+        for rank in rows:  # the journals of ranks that died: their rows hold what they held
+            self._dir.remove(exchange.journal_file(rank))
         for row in rows.values():
             row.report_file = None
         with contextlib.suppress(OSError):

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from vramscope.distributed import JOB_EXIT_FILE
@@ -43,11 +44,17 @@ def torchrun_command(nproc: int, run_args: list[str], script: str, args: list[st
 
 
 def launch(
-    nproc: int, run_args: list[str], script: str, args: list[str], stdout: int | None = None
+    nproc: int,
+    run_args: list[str],
+    script: str,
+    args: list[str],
+    stdout: int | None = None,
+    without_rank_0: Callable[[], None] | None = None,
 ) -> int:
     """Run the job; its exit code: the first failing rank's own code (as rank 0's report
     says), else torchrun's. ``stdout``: where the ranks' stdout goes (``--json -``: the
-    real stdout, which rank 0 writes the JSON to)."""
+    real stdout, which rank 0 writes the JSON to). ``without_rank_0``: called when rank 0
+    ended without the job's report (it was killed)."""
     if not _has_torchrun():
         raise VramscopeError("--nproc needs torch.distributed, which this torch build lacks")
     if not Path(script).is_file():
@@ -74,6 +81,8 @@ def launch(
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         job = _job_exit_code(base)
+        if job is None and without_rank_0 is not None:
+            without_rank_0()
         if job is not None and (job or not code):
             return job
         return 128 - code if code < 0 else code  # killed by a signal: as a shell says

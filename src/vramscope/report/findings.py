@@ -235,7 +235,34 @@ def find_private_pools(report: Report) -> list[Finding]:
     ]
 
 
+def find_ending(report: Report) -> list[Finding]:
+    """A report made from the run's journal: what it holds, what it misses, and for the OOM
+    killer how much host memory the process tree held."""
+    ended = report.exit
+    if ended.source != "journal":
+        return []
+    lost = ended.lost_seconds
+    message = (
+        "this report is made from the run's journal, written as the run went: every step "
+        "stored before the end is here"
+        + (f", the last {lost:.1f} s are not" if lost is not None else "")
+        + "; the reconciliation and module tree need the run's own end"
+    )
+    data: dict[str, object] = {"status": ended.status, "lost_seconds": lost}
+    rss, total = report.peak.host_rss_bytes, report.host.get("total_bytes")
+    if ended.killed_by == "oom-killer" and rss:
+        share = f" ({rss / total:.0%} of the machine's {format_bytes(total)})" if total else ""
+        message = (
+            f"the kernel's OOM killer ended the run: its process tree held up to "
+            f"{format_bytes(rss)} of host memory{share} (DataLoader workers count); " + message
+        )
+        data["host_rss_bytes"] = rss
+    severity = "info" if ended.status == "ok" else "error"
+    return [Finding("journal", severity, message, data)]
+
+
 FINDERS = (
+    find_ending,
     find_oom,
     find_leak,
     find_fragmentation,
@@ -285,5 +312,6 @@ _FINDER_KINDS = frozenset(
         "first_step",
         "host_growth",
         "private_pools",
+        "journal",
     }
 )

@@ -200,10 +200,15 @@ class OomInfo:
 
 @dataclass
 class ExitInfo:
-    status: str = "ok"  # ok | error | interrupted | oom | terminated
+    status: str = "ok"  # ok | error | interrupted | oom | terminated | killed | crashed
     code: int = 0
     error: str | None = None
-    signal: str | None = None  # the stop signal that ended a terminated run: SIGTERM, SIGHUP
+    signal: str | None = None  # the signal that ended the run, by name: SIGTERM, SIGKILL, ...
+    signal_number: int | None = None  # the same signal's number: 15, 9, ...
+    # who sent it, when known: "oom-killer" (the kernel's OOM killer, from the cgroup's counters)
+    killed_by: str | None = None
+    lost_seconds: float | None = None  # a report made from the journal: the end it misses
+    source: str | None = None  # "journal": made from the run's journal after its process died
 
 
 @dataclass
@@ -245,6 +250,7 @@ class RankEntry:
     memory: list[dict[str, Any]] = field(default_factory=list)
     report_file: str | None = None  # this rank's own full report, on its host
     ended_at: str | None = None  # when its script ended (ISO 8601, UTC, its host's clock)
+    source: str | None = None  # "journal": a rank that sent no report, read from its journal
 
 
 @dataclass

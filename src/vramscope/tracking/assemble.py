@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from vramscope import __version__
-from vramscope.report.aggregate import epochs_of, phase_key, phases_of
+from vramscope.report.aggregate import epochs_of, phases_of
 from vramscope.report.model import (
     AllocatorSlack,
     Categories,
@@ -21,12 +21,11 @@ from vramscope.report.model import (
     Reconciliation,
     Report,
     Startup,
-    StepStats,
     Timeline,
 )
 from vramscope.sources import host as host_source
 from vramscope.sources import nvml
-from vramscope.tracking.records import StepRecord
+from vramscope.tracking.records import step_stats
 
 # ``session`` below is a stopped vramscope.tracking.session.Session (not imported: the
 # session imports this module to make its report)
@@ -45,7 +44,7 @@ def assemble_report(session: Session) -> Report:
     )
     report.device = _device_info(session)
     report.host = _host_info()
-    report.steps = [_step_stats(session, s, samples) for s in session._steps]
+    report.steps = [step_stats(s, session._t0, samples) for s in session._steps]
     report.epochs = epochs_of(report.steps)
     report.phases = phases_of(report.steps)
     report.timeline = _timeline(session, samples)
@@ -218,43 +217,6 @@ def _device_info(session: Session) -> dict[str, Any]:
 def _host_info() -> dict[str, Any]:
     mem = host_source.host_memory()
     return {"total_bytes": mem.total_bytes, "available_bytes": mem.available_bytes}
-
-
-def _window_max(samples: list[tuple], index: int, t0: float, t1: float) -> int | None:
-    values = [s[index] for s in samples if t0 <= s[0] <= t1 and s[index] is not None]
-    if values:
-        return max(values)
-    before = [s for s in samples if s[0] <= t1 and s[index] is not None]
-    return before[-1][index] if before else None
-
-
-def _step_stats(session: Session, record: StepRecord, samples: list[tuple]) -> StepStats:
-    t0 = record.start_s - session._t0
-    t1 = (record.end_s or record.start_s) - session._t0
-    phases = sorted(record.phases.values(), key=lambda p: phase_key(p.name))
-    peaks = [p.peak_allocated_bytes for p in phases if p.peak_allocated_bytes is not None]
-    reserved = [p.peak_reserved_bytes for p in phases if p.peak_reserved_bytes is not None]
-    if record.unread_peak_allocated is not None:  # steps folded in that read nothing
-        peaks.append(record.unread_peak_allocated)
-    if record.unread_peak_reserved is not None:
-        reserved.append(record.unread_peak_reserved)
-    return StepStats(
-        index=record.index,
-        epoch=record.epoch,
-        mode="train" if record.backwards else "eval",
-        # per step: a record can stand for several steps
-        micro_batches=round((record.backwards or record.forwards) / max(1, record.count)),
-        peak_allocated_bytes=max(peaks) if peaks else None,
-        peak_reserved_bytes=max(reserved) if reserved else None,
-        start_allocated_bytes=record.start_allocated,
-        end_allocated_bytes=record.end_allocated,
-        host_rss_bytes=_window_max(samples, 4, t0, t1),
-        duration_s=t1 - t0,
-        start_s=t0,
-        phases=phases,
-        count=record.count,
-        last_index=record.last_index,
-    )
 
 
 def _timeline(session: Session, samples: list[tuple]) -> Timeline:

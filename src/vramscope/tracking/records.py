@@ -1,12 +1,14 @@
-"""What a tracking Session keeps per step and phase: records, and the bounded step history."""
+"""What a tracking Session keeps per step and phase: records, the bounded step history, and
+a record's row in the report (no torch: a run's journal is read back with the same code)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from vramscope.report.aggregate import merge_phase
-from vramscope.report.model import PhaseStats
+from vramscope.report.aggregate import merge_phase, phase_key
+from vramscope.report.model import PhaseStats, StepStats
 from vramscope.tracking.sampler import max_known
 
 
@@ -112,8 +114,15 @@ class StepHistory:
         self.total = 0  # steps, merged ones counted one by one
         self.stride = 1
         self._pending: StepRecord | None = None
+        # called after each step is stored or folded (the run's journal writes it then)
+        self.observer: Callable[[], None] | None = None
 
     def append(self, record: StepRecord) -> None:
+        self._append(record)
+        if self.observer is not None:
+            self.observer()
+
+    def _append(self, record: StepRecord) -> None:
         self.total += record.count
         if self.stride == 1 or len(self.records) < self.head:
             self._store(record)
@@ -139,12 +148,14 @@ class StepHistory:
                 self._pending = _merge_records(self._pending, record)
             else:
                 _absorb(self._pending, record)
-            return
-        last = self.records[-1]
-        if last is keep:
-            self.records[-1] = _merge_records(last, record)
         else:
-            _absorb(last, record)
+            last = self.records[-1]
+            if last is keep:
+                self.records[-1] = _merge_records(last, record)
+            else:
+                _absorb(last, record)
+        if self.observer is not None:
+            self.observer()
 
     def _store(self, record: StepRecord) -> None:
         self.records.append(record)
@@ -184,6 +195,12 @@ class StepHistory:
             return self._pending
         return self.records[-1] if self.records else None
 
+    def tail(self) -> list[StepRecord]:
+        """The last two entries (those a step that ended can have changed), oldest first."""
+        if self._pending is not None:
+            return [*self.records[-1:], self._pending]
+        return self.records[-2:]
+
 
 @dataclass(slots=True)
 class PhaseRecord:
@@ -193,3 +210,44 @@ class PhaseRecord:
     # the time after an optimizer step ended, read there (see Session.on_optimizer_end): the
     # next step's first phase when a step begins next, else more of the phase ``name``
     tail: bool = False
+
+
+def window_max(samples: list[Any], index: int, t0: float, t1: float) -> int | None:
+    """The highest value of series ``index`` of the samples between ``t0`` and ``t1`` (the
+    last one before, when none falls inside)."""
+    values = [s[index] for s in samples if t0 <= s[0] <= t1 and s[index] is not None]
+    if values:
+        return max(values)
+    before = [s for s in samples if s[0] <= t1 and s[index] is not None]
+    return before[-1][index] if before else None
+
+
+def step_stats(record: StepRecord, t0: float, samples: list[Any]) -> StepStats:
+    """A record's row in the report: times from ``t0`` (the run's start), its phases in
+    the order a step runs them, its peaks, and the host RSS sampled while it ran."""
+    start = record.start_s - t0
+    end = (record.end_s or record.start_s) - t0
+    phases = sorted(record.phases.values(), key=lambda p: phase_key(p.name))
+    peaks = [p.peak_allocated_bytes for p in phases if p.peak_allocated_bytes is not None]
+    reserved = [p.peak_reserved_bytes for p in phases if p.peak_reserved_bytes is not None]
+    if record.unread_peak_allocated is not None:  # steps folded in that read nothing
+        peaks.append(record.unread_peak_allocated)
+    if record.unread_peak_reserved is not None:
+        reserved.append(record.unread_peak_reserved)
+    return StepStats(
+        index=record.index,
+        epoch=record.epoch,
+        mode="train" if record.backwards else "eval",
+        # per step: a record can stand for several steps
+        micro_batches=round((record.backwards or record.forwards) / max(1, record.count)),
+        peak_allocated_bytes=max(peaks) if peaks else None,
+        peak_reserved_bytes=max(reserved) if reserved else None,
+        start_allocated_bytes=record.start_allocated,
+        end_allocated_bytes=record.end_allocated,
+        host_rss_bytes=window_max(samples, 4, start, end),
+        duration_s=end - start,
+        start_s=start,
+        phases=phases,
+        count=record.count,
+        last_index=record.last_index,
+    )

@@ -250,6 +250,7 @@ def _with_signal(report: Report, stops: StopSignals) -> Report:
     """Name the stop signal in the report, when one ended the run."""
     if stops.received is not None and report.exit.status == "terminated":
         report.exit.signal = stops.received.signal_name
+        report.exit.signal_number = stops.received.signum
     return report
 
 

@@ -78,7 +78,12 @@ class Session:
         snapshot: str | None = None,
         module_steps: str | int = "auto",
         phase_steps: str | int = "auto",
+        journal: str | os.PathLike[str] | bool | None = None,
     ) -> None:
+        # the run's journal (vramscope.journal): a path, True (the private directory, removed
+        # when the session stops) or None; read at start()
+        self.journal = journal
+        self._journal: Any = None
         # -- attribution: detail="modules"/"lines", see tracking/attribution.py --
         from vramscope.tracking.attribution import check_detail
         from vramscope.tracking.marking import check_policy
@@ -227,8 +232,15 @@ class Session:
             self._phase_reads = ReadSchedule(self._phase_policy)
         if self._use_status:
             self._status = _open_status(self)
+        tick = self._tick
+        if self.journal:  # written as the run goes: a report can be made if the process dies
+            from vramscope.journal.writer import open_journal
+
+            self._journal = open_journal(self, self.journal)
+            if self._journal is not None:
+                tick = self._journal.ticking(tick)
         self._sampler = Sampler(
-            self._sample, interval_s=self._interval_s, capacity=self._capacity, on_tick=self._tick
+            self._sample, interval_s=self._interval_s, capacity=self._capacity, on_tick=tick
         )
         self._sampler.sample_now()
         self._sampler.start()
@@ -259,6 +271,9 @@ class Session:
                 self._hooks.remove()
             if self._sampler is not None:
                 self._sampler.stop()
+            if self._journal is not None:  # the end record: how the script ended
+                with contextlib.suppress(Exception):
+                    self._journal.close()
             if self._status is not None:
                 with contextlib.suppress(Exception):
                     self._status.close()
@@ -358,9 +373,13 @@ class Session:
                 "code": 1,
                 "error": f"{type(exc).__name__}: {first_line(exc)}",
             }
+        if self._journal is not None:
+            self._journal.on_exit()
 
     def set_exit(self, status: str, code: int, error: str | None = None) -> None:
         self._exit = {"status": status, "code": code, "error": error}
+        if self._journal is not None:
+            self._journal.on_exit()
 
     # ---- reading ---------------------------------------------------------------------------
     def _ensure_device(self) -> bool:
@@ -1173,6 +1192,7 @@ def track(
     snapshot: str | None = None,
     module_steps: str | int = "auto",
     phase_steps: str | int = "auto",
+    journal: str | os.PathLike[str] | bool | None = True,
 ) -> Session:
     """Track the memory of a block of code: ``with vramscope.track() as session: ...``.
 
@@ -1184,7 +1204,10 @@ def track(
     ``detail="lines"`` also line tables of ``lines_of`` (functions, files or names);
     ``snapshot`` writes a memory_viz snapshot when the report is made. ``phase_steps``
     (``"auto"``, ``"all"`` or N): on CUDA, the steps read phase by phase, see
-    :mod:`vramscope.tracking.phase_reads`.
+    :mod:`vramscope.tracking.phase_reads`. ``journal``: where the run's journal is written
+    as it goes (``vramscope report JOURNAL`` makes the report from it when the process dies):
+    True, the user's private directory (removed when the session stops); a path (kept);
+    None, no journal.
     """
     return Session(
         device=device,
@@ -1196,6 +1219,7 @@ def track(
         snapshot=snapshot,
         module_steps=module_steps,
         phase_steps=phase_steps,
+        journal=journal,
     )
 
 
