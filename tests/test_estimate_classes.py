@@ -167,6 +167,20 @@ def per_class_selection(batch_size, device):
         return total
     return _train(model, lambda: (torch.randn(batch_size * 100, 16, device=device),), loss)
 
+def experts_by_name(batch_size, device):
+    # Switch Transformers: the expert module picked by f"expert_{index}" of a 0-dim tensor
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = nn.ModuleDict({f"expert_{i}": nn.Linear(8, 8) for i in range(3)})
+        def forward(self, x, chosen):
+            for index in chosen.unique():
+                x = self.experts[f"expert_{index}"](x)
+            return x.mean()
+    return _train(Experts().to(device), lambda: (torch.randn(batch_size, 8, device=device),
+                                                 torch.tensor([0, 2, 2], device=device)),
+                  lambda m, x, chosen: m(x, chosen))
+
 EXPERTS, TOKENS, IN, OUT = 4, 64, 32, 10
 
 def grouped_experts(batch_size, device):
@@ -297,6 +311,16 @@ def test_a_loop_over_the_classes_of_an_assumed_selection_runs_once_per_class(wor
     # every box kept: their positions are known, so are their labels: 5 classes a trace
     # (heavy and light), not one iteration per box (800)
     assert 0 < len(loops) <= 2 * 5
+
+
+def test_a_module_named_by_a_tensors_value_is_found(workloads):
+    report = estimate(f"{workloads}:experts_by_name", 4)
+    # experts 0 and 2 ran (weight and bias, a 512-byte block each): their gradients and
+    # AdamW's two states; expert 1 has none
+    categories = report.categories_at_peak
+    assert categories.parameters == 3 * 2 * 512
+    assert categories.gradients == 2 * 2 * 512
+    assert categories.optimizer_state == 2 * 2 * 2 * 512
 
 
 def test_grouped_gemm_in_float32_follows_cudas_rules(workloads):

@@ -641,3 +641,26 @@ def _named_arg(func: Any, args: Any, kwargs: Any, name: str) -> Any:
         if argument.name == name:
             return args[position] if position < len(args) else argument.default_value
     return None
+
+
+@contextlib.contextmanager
+def formatted_scalars() -> Any:
+    """A 0-dim fake tensor formats as its value, as a real one does (``Tensor.__format__``
+    calls ``.item()`` only for the plain ``Tensor`` type): ``f"expert_{idx}"`` names the
+    expert the trace's values say (Switch Transformers picks its expert module so)."""
+    had = "__format__" in FakeTensor.__dict__
+    original = FakeTensor.__dict__.get("__format__")
+
+    def format_(self: FakeTensor, spec: str) -> str:
+        if self.dim() == 0:
+            return format(self.item(), spec)
+        return torch.Tensor.__format__(self, spec)
+
+    FakeTensor.__format__ = format_  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if had:
+            FakeTensor.__format__ = original  # type: ignore[method-assign]
+        else:
+            del FakeTensor.__format__

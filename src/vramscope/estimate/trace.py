@@ -45,7 +45,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from vramscope.errors import VramscopeError, WorkloadError
-from vramscope.estimate import cuda_rules, kernels, rnn
+from vramscope.estimate import cuda_rules, kernels, rnn, scalars
 from vramscope.estimate.cuda_device import CUDA, cuda_emulation
 from vramscope.estimate.fake_cache import (
     CACHE_CALLS_TAKE_FUNC,
@@ -731,6 +731,7 @@ def trace_workload(
         _flex_attention_uncompiled(),
         _compiled_code_runs_eagerly(),
         _quiet_fake_tensor_warnings(),
+        scalars.formatted_scalars(),
     ):
         from vramscope.workload import build_workload
 
