@@ -241,7 +241,7 @@ def zoo_summary(root: Path) -> str:
         median = seconds[len(seconds) // 2]
         notes.append(
             f"Estimate time on the sweep: median {median:.1f} s, worst {seconds[-1]:.1f} s "
-            f"(2 estimates at a time on 2 cores)."
+            f"(2 estimates at a time on 2 cores that were also running other work: `benchmarks/estimate_speed.py` gives the times of one estimate alone)."
         )
     return block(
         markdown(["library", "ran a real step", "estimated", "coverage"], libraries),
