@@ -95,7 +95,9 @@ def test_a_second_signal_ends_at_once(tmp_path):
     proc.send_signal(signal.SIGTERM)
     wait_for(proc, "cleaning up")
     proc.send_signal(signal.SIGTERM)
-    finish(proc, timeout=20)
+    # the cleanup hangs for ever; the parent still makes the report from the journal, which
+    # imports torch: seconds, more on a loaded 2-core machine
+    finish(proc, timeout=60)
     assert proc.returncode == -signal.SIGTERM  # killed by the signal itself
 
 
