@@ -192,6 +192,10 @@ class _Relay:
         self.pending: list[tuple[float, int]] = []  # signals the parent got, undecided
         self.direct: list[tuple[float, int]] = []  # the child's, not matched yet
         self.sent: list[tuple[float, int]] = []  # passed on, not acknowledged yet
+        # when a signal passed on was acknowledged: the same number again within half of
+        # ACK_WAIT_S is the same burst (the script's processes, a handler raising it again),
+        # not a new signal the child got by itself
+        self.burst: dict[int, float] = {}
 
     def got(self, now: float, signums: list[int] | bytes) -> None:
         self.pending += [(now, s) for s in signums]
@@ -204,6 +208,9 @@ class _Relay:
             sent = next((i for i, (_, s) in enumerate(self.sent) if s == value), None)
             if sent is not None:
                 del self.sent[sent]  # the child got what was passed on
+                self.burst[value] = now
+            elif now - self.burst.get(value, -1.0) < ACK_WAIT_S / 2:
+                continue  # more of the burst of what was passed on
             else:
                 self.direct.append((now, value))
 
