@@ -19,6 +19,7 @@ import torch
 
 from vramscope.errors import VramscopeError
 from vramscope.report.model import Report
+from vramscope.stops import STOP_SIGNALS, Stopped
 from vramscope.tracking.session import Session
 from vramscope.workload import (
     StepRunner,
@@ -39,29 +40,12 @@ def apply_allocator_config(config: str | None) -> None:
     os.environ["PYTORCH_ALLOC_CONF"] = config
 
 
-# what a scheduler, `timeout`, `kill` or a closed terminal send to stop a job
-STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
-
-
-class Terminated(BaseException):
+class Terminated(Stopped):
     """A stop signal (SIGTERM, SIGHUP) arrived while tracked code ran.
 
     Raised in the main thread at the next Python bytecode (after the torch operator that was
     running returns), it unwinds the user's code so that the partial report is still written.
-    A BaseException, as KeyboardInterrupt is, so the user's ``except Exception`` lets it pass.
     """
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        self.signal_name = signal.Signals(signum).name
-        super().__init__(f"stopped by {self.signal_name}")
-
-    @property
-    def exit_code(self) -> int:
-        """What a shell reports for a process killed by this signal: 128 + its number."""
-        return 128 + self.signum
 
 
 def _folders(*paths: str) -> tuple[str, ...]:
