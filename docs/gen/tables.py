@@ -71,6 +71,14 @@ def measured_on(meta: dict[str, Any]) -> str:
     return ", ".join(b for b in bits if b)
 
 
+# the three peaks an accuracy table compares, as its rows name them
+PEAK_NAMES = {
+    "allocated": "peak allocated",
+    "reserved": "peak reserved",
+    "device_used": "device used",
+}
+
+
 def source(name: str) -> str:
     return f"<small>From `{RESULTS / name}`.</small>"
 
@@ -82,13 +90,8 @@ def source(name: str) -> str:
 def accuracy_summary(root: Path) -> str:
     data = load(root, "accuracy_h200.json")
     summary, meta = data["summary"], data["meta"]
-    names = {
-        "allocated": "peak allocated",
-        "reserved": "peak reserved",
-        "device_used": "device used",
-    }
     rows = []
-    for key, label in names.items():
+    for key, label in PEAK_NAMES.items():
         col = summary["columns"][key]
         rows.append(
             [
@@ -200,13 +203,8 @@ def zoo_summary(root: Path) -> str:
             f"{pct(summary['coverage_pct'], signed=False)} (target {summary['coverage_target']})",
         ]
     )
-    names = {
-        "allocated": "peak allocated",
-        "reserved": "peak reserved",
-        "device_used": "device used",
-    }
     columns = []
-    for key, label in names.items():
+    for key, label in PEAK_NAMES.items():
         col = summary["columns"].get(key)
         if col is None:
             continue
