@@ -526,7 +526,19 @@ def after_op(
         size = _nbytes((b, h, lq), 4)
         if q.dtype in HALF and args[2].shape[-2] > 64:
             size += _nbytes((b, lq, h, d), 4)  # float32 dQ accumulator across key blocks
+        elif q.dtype == torch.float32:
+            size += efficient_fp32_backward_bytes(q, args[6])
         recorder.transient(size, "temporary", "efficient attention bwd")
+    elif func is aten._softmax_backward_data.default:
+        if _on_cuda(args[0]):
+            recorder.transient(softmax_backward_bytes(args[0]), "temporary", "softmax bwd product")
+    elif func is aten._safe_softmax.default:
+        if _on_cuda(args[0]) and args[0].dim() > 0:
+            plan: list[tuple[Any, ...]] = [("out", out)]
+            buffers = safe_softmax_buffers(args[0], int(args[1]))
+            plan += [("alloc", name, size) for name, size in buffers]
+            plan += [("free", name) for name, _ in reversed(buffers)]
+            recorder.kernel_sequence(plan, "temporary", "safe softmax masks")
     elif func is aten.embedding_dense_backward.default:
         _embedding_backward(recorder, args[0], args[1], "embedding bwd")
     elif func in _CTC_BACKWARD:
@@ -545,6 +557,38 @@ def after_op(
         mode = args[_EMBEDDING_BAG_BACKWARD[func]]
         if mode in (0, 1) and not (func is aten._embedding_bag_backward.default and args[9]):
             _embedding_backward(recorder, args[0], args[1], "embedding bag bwd")
+
+
+def softmax_backward_bytes(grad: Any) -> int:
+    """SoftMax.cu's softmax backward multiplies the gradient by the output into a temporary
+    first (``grad * output``), then reduces that into the input's gradient."""
+    return _storage_bytes(grad)
+
+
+def safe_softmax_buffers(x: Any, dim: int) -> list[tuple[str, int]]:
+    """``_safe_softmax`` (SoftMax.cpp; the math attention's softmax) after its softmax: a
+    boolean mask of the input's -inf entries, the rows that are all -inf (the mask reduced
+    over ``dim``) and a 0-dim zero, freed in the reverse order before it returns (recorded on
+    an H200)."""
+    rows = x.numel() // max(1, int(x.shape[dim % x.dim()]))
+    return [("mask", x.numel()), ("rows", rows), ("zero", x.element_size())]
+
+
+def efficient_fp32_backward_bytes(q: Any, logsumexp: Any) -> int:
+    """What the float32 memory-efficient attention backward allocates besides its gradients
+    and ``delta`` (recorded on an H200 for PVT-v2 and data2vec-audio, every shape alike): a
+    temporary the size of the query; the log-sum-exp sliced to the queries and made
+    contiguous when the forward padded it (to a multiple of 32); and the kernel's workspace,
+    whose dQ accumulator the float32 kernels (built with key splitting) always keep: per
+    batch and head, per block of 64 queries, a 64 x head-dim (rounded up to 64) float32 tile
+    and 16 bytes of its lock."""
+    b, h, lq, d = (int(n) for n in q.shape)
+    size = _nbytes((b, h, lq, d), 4)
+    if isinstance(logsumexp, torch.Tensor) and int(logsumexp.shape[-1]) != lq:
+        size += _nbytes((b, h, lq), 4)
+    tiles = -(-lq // 64)
+    size += b * h * tiles * (64 * _round(d, 64) * 4 + 16)
+    return size
 
 
 def _embedding_backward(recorder: Recorder, grad: Any, indices: Any, op: str) -> None:
@@ -597,6 +641,8 @@ _INTERESTING = frozenset(
         aten._scaled_dot_product_cudnn_attention_backward.default,
         aten._scaled_dot_product_efficient_attention_backward.default,
         aten.embedding_dense_backward.default,
+        aten._softmax_backward_data.default,
+        aten._safe_softmax.default,
         *_EMBEDDING_BAG_BACKWARD,
         *_REDUCTIONS,
     }
@@ -667,22 +713,29 @@ def _conv_transform_bytes(
     convolution over ``gemm_from`` positions or more runs as a GEMM, without. ``gradient``:
     ``"data"`` or ``"weight"`` for the two backward passes (``None``: not said); ``swept``:
     the GPU is the one whose batch sweep showed the rules that depend on it (the H200)."""
-    if transposed or groups != 1 or x.dim() not in (4, 5) or not isinstance(out, torch.Tensor):
+    if transposed or groups != 1 or x.dim() not in (3, 4, 5) or not isinstance(out, torch.Tensor):
         return 0
     if not x.is_contiguous():
         return 0  # channels-last (NHWC) already: no transposes
     if x.dim() == 5:
         # 3-D (NCDHW): recorded on an H200 in float16 for every layer, the first one over 3
         # channels included: input, output and weight, for the forward and both gradients.
-        # A float32 forward takes none (3-D ResNets' inference peaks, measured, say so); its
-        # gradients are taken to transpose as float16's do (measured training peaks agree)
+        # A float32 forward is taken to have none: recorded in training, a layer doubling <=64
+        # channels took input and weight, and wider ones all three operands (as the 2-D rules
+        # say), but with those rules 3-D ResNets' measured inference peaks come out 15 % over
+        # and their training's reserved memory further under; its gradients are taken to
+        # transpose as float16's do (measured training peaks agree)
         if forward and x.dtype == torch.float32:
             return 0
         return _storage_bytes(x) + _storage_bytes(out) + _storage_bytes(w) + _CUDNN_SLACK
-    kh, kw = int(w.shape[2]), int(w.shape[3])
+    # torch runs a 1-D convolution as a 2-D one over a height of 1 (recorded on an H200 in
+    # float32: the engines and their workspaces are those of the 2-D rules)
+    size = [int(n) for n in w.shape[2:]]
+    kh, kw = (1, size[0]) if x.dim() == 3 else (size[0], size[1])
     channels = int(x.shape[1])
+    positions = math.prod(int(n) for n in x.shape[2:])
     pointwise = kh == kw == 1 and all(int(s) == 1 for s in stride)
-    if pointwise and int(x.shape[2]) * int(x.shape[3]) >= gemm_from:
+    if pointwise and positions >= gemm_from:
         return 0  # run as a GEMM over the channels, in place
     if channels <= 4:
         if kh <= 3 and kw <= 3:
@@ -691,11 +744,11 @@ def _conv_transform_bytes(
         pad = 8 if x.dtype in HALF else channels
         return _round(x.numel() // channels * pad * x.element_size(), 512) + _storage_bytes(out)
     strided = any(int(s) > 1 for s in stride)
-    if swept and kh == kw == 1 and strided and x.dtype == torch.float32:
+    if swept and kh == kw == 1 and strided and x.dtype == torch.float32 and x.dim() == 4:
         by_batch = _strided_pointwise_fp32(x, w, out, channels, forward, gradient)
         if by_batch is not None:
             return by_batch
-    return _transform_operands(x, w, out, kh, kw, channels, forward) + _CUDNN_SLACK
+    return _transform_operands(x, w, out, kh, kw, channels, positions, forward) + _CUDNN_SLACK
 
 
 def _strided_pointwise_fp32(
@@ -724,7 +777,7 @@ _CUDNN_SLACK = 147
 
 
 def _transform_operands(
-    x: Any, w: Any, out: Any, kh: int, kw: int, channels: int, forward: bool
+    x: Any, w: Any, out: Any, kh: int, kw: int, channels: int, positions: int, forward: bool
 ) -> int:
     """Which of input, output and weight the engine transposes (see the module docstring)."""
     if (
@@ -736,7 +789,7 @@ def _transform_operands(
     ):
         return _storage_bytes(x) + _storage_bytes(w)
     if kh == kw == 1:  # a 1x1 weight is laid out alike in NCHW and NHWC: nothing to transpose
-        if forward and x.dtype == torch.float32 and int(x.shape[2]) * int(x.shape[3]) >= 56 * 56:
+        if forward and x.dtype == torch.float32 and positions >= 56 * 56:
             # a strided float32 1x1 over a large image (ResNet-18/50's first downsampling,
             # recorded): its engine reads the input transposed and writes the output directly
             return 0 if channels <= 64 else _storage_bytes(x) + _storage_bytes(w)
