@@ -161,6 +161,61 @@ def test_a_forked_child_never_writes_its_parents_journal(tmp_path):
     assert report_from_journal(journal).steps == session.report().steps
 
 
+def journals_seen(folder: Path, record: list[list[str]]):
+    """A workload whose every batch notes the journals in ``folder`` at that moment."""
+
+    def build(batch_size: int, device: torch.device) -> vramscope.Workload:
+        run = Training()
+
+        def batch():
+            record.append(sorted(p.name for p in folder.glob("*.journal")))
+            return (torch.randn(batch_size, 16),)
+
+        def loss(model, x):
+            return model(x).sum()
+
+        return vramscope.Workload(model=run.model, optimizer=run.opt, batch=batch, loss=loss)
+
+    return build
+
+
+def test_measure_journals_as_track_does(tmp_path, monkeypatch):
+    private = tmp_path / "private"
+    monkeypatch.setenv("VRAMSCOPE_STATUS_DIR", str(private))
+    seen: list[list[str]] = []
+    vramscope.measure(journals_seen(private, seen), batch_size=2, steps=3, device="cpu")
+    assert [len(names) for names in seen] == [1, 1, 1]  # the private directory's, as it went
+    assert seen[0][0].startswith(f"{os.getpid()}-")
+    assert list(private.glob("*.journal")) == []  # removed when the steps ended
+
+    path = tmp_path / "m.journal"  # a path: kept, and it holds the report's steps
+    report = vramscope.measure(journals_seen(tmp_path, []), 2, steps=3, device="cpu", journal=path)
+    assert report_from_journal(read_journal(path)).steps == report.steps
+
+    seen.clear()
+    vramscope.measure(journals_seen(private, seen), 2, steps=2, device="cpu", journal=None)
+    assert seen == [[], []]
+
+
+def test_measure_on_the_command_line_journals_beside_its_json(tmp_path, monkeypatch, capsys):
+    (tmp_path / "wl.py").write_text(
+        "import os, torch, vramscope\n"
+        "def build(batch_size, device):\n"
+        "    model = torch.nn.Linear(16, 16)\n"
+        "    def batch():\n"
+        "        print('journal there:', os.path.exists('m.journal'))\n"
+        "        return (torch.randn(batch_size, 16),)\n"
+        "    return vramscope.Workload(model=model, optimizer=torch.optim.SGD(model.parameters()),\n"
+        "                              batch=batch, loss=lambda m, x: m(x).sum())\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(
+        ["measure", "wl.py:build", "-b", "2", "--steps", "2", "--json", "m.json"], capsys
+    )
+    assert code == 0 and out.count("journal there: True") == 2
+    assert not (tmp_path / "m.journal").exists() and (tmp_path / "m.json").is_file()
+
+
 # ---- read back as far as it is intact ---------------------------------------------------------
 
 

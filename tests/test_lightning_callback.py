@@ -170,6 +170,52 @@ def test_the_callback_runs_under_the_pytorch_lightning_package(tmp_path):
     assert callback.report.categories_at_peak.optimizer_state == _bytes(model.parameters())
 
 
+class JournalSeen(L.Callback):
+    """After each training batch: whether the callback's journal is on disk."""
+
+    def __init__(self, callback: VramscopeCallback) -> None:
+        self.callback, self.seen = callback, []
+
+    def on_train_batch_end(self, *args) -> None:
+        self.seen.append(self.callback.journal_path.is_file())
+
+
+def test_the_fit_journals_beside_its_report_until_the_report_is_written(tmp_path, capsys):
+    callback = VramscopeCallback(html=False, print_report=True)
+    looks = JournalSeen(callback)
+    trainer = _trainer(tmp_path, callback, max_epochs=1, num_sanity_val_steps=0, logger=False)
+    trainer.callbacks.append(looks)
+    trainer.fit(TinyClassifier(), *_loaders())
+
+    journal = tmp_path / "vramscope.journal"
+    assert callback.journal_path == journal
+    assert looks.seen == [True] * 6  # written as the fit went
+    assert not journal.exists() and (tmp_path / "vramscope.json").is_file()
+    said = f"the run's journal is {journal}; if this process dies, `vramscope report {journal}`"
+    assert capsys.readouterr().out.count(said) == 1
+
+
+def test_a_journal_the_user_names_is_kept_and_journal_none_writes_none(tmp_path):
+    from vramscope.journal.reader import read_journal
+    from vramscope.journal.rebuild import report_from_journal
+
+    named = VramscopeCallback(html=False, journal=tmp_path / "fit.journal")
+    trainer = _trainer(tmp_path / "a", named, max_epochs=1, logger=False)
+    trainer.fit(TinyClassifier(), *_loaders())
+    journal = read_journal(tmp_path / "fit.journal")
+    assert journal.stopped and journal.script_exit["status"] == "ok"
+    assert report_from_journal(journal).steps == named.report.steps  # 2 sanity, 6, 2 eval
+
+    none = VramscopeCallback(html=False, journal=None)
+    trainer = _trainer(tmp_path / "b", none, max_epochs=1, logger=False)
+    trainer.fit(TinyClassifier(), *_loaders())
+    assert none.journal_path is None
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "vramscope.epochs.jsonl",
+        "vramscope.json",
+    ]
+
+
 def test_a_bad_option_fails_when_the_callback_is_made():
     from vramscope.errors import VramscopeError
 

@@ -159,3 +159,43 @@ def test_finish_writes_the_partial_report_of_a_training_that_raised(tmp_path):
     # two whole steps; the third ended in its forward (the Session calls it eval: no backward)
     assert [s.mode for s in report.steps][:2] == ["train", "train"]
     assert sum(s.mode == "train" for s in report.steps) == 2
+
+
+class JournalSeen(TrainerCallback):
+    """After each step: whether the vramscope callback's journal is on disk."""
+
+    def __init__(self, callback: VramscopeCallback) -> None:
+        self.callback, self.seen = callback, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen.append(self.callback.journal_path.is_file())
+
+
+def test_training_journals_beside_its_report_until_the_report_is_written(tmp_path):
+    callback = VramscopeCallback(html=False)
+    looks = JournalSeen(callback)
+    trainer = Trainer(
+        model=_tiny_gpt2(),
+        args=_args(tmp_path, max_steps=3),
+        train_dataset=_samples(6),
+        callbacks=[callback, looks],
+    )
+    trainer.train()
+
+    journal = tmp_path / "vramscope.journal"
+    assert callback.journal_path == journal
+    assert looks.seen == [True] * 3  # written as the training went
+    assert not journal.exists() and (tmp_path / "vramscope.json").is_file()
+
+
+def test_journal_none_writes_no_journal(tmp_path):
+    callback = VramscopeCallback(html=False, journal=None)
+    trainer = Trainer(
+        model=_tiny_gpt2(),
+        args=_args(tmp_path, max_steps=2),
+        train_dataset=_samples(4),
+        callbacks=[callback],
+    )
+    trainer.train()
+    assert callback.journal_path is None and callback.report.steps
+    assert list(tmp_path.glob("*.journal")) == []

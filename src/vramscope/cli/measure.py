@@ -9,6 +9,7 @@ import click
 from vramscope.cli.common import check_paths, emit, output_options, workload_options
 from vramscope.cli.exits import exit_code
 from vramscope.cli.run import detail_options, interval_option
+from vramscope.journal import files
 from vramscope.tracking.runner import StopSignals, measure
 
 
@@ -48,8 +49,13 @@ def command(
     quiet: bool,
 ) -> None:
     """Build WORKLOAD (path/to/file.py:function or example:cnn, example:gpt, ...) and
-    measure STEPS real steps on the local device, the first step included."""
+    measure STEPS real steps on the local device, the first step included.
+
+    The run's journal is written as the steps go (NAME.journal beside --json NAME.json,
+    removed once the report is written): if the process is killed, `vramscope report
+    NAME.journal` makes its report."""
     check_paths(json_path, html_path, trace_path, csv_path, snapshot_path)
+    journal = files.beside(json_path) if json_path and json_path != "-" else None
     with StopSignals() as stops:  # SIGTERM/SIGHUP end the steps and leave the report
         report = measure(
             workload,
@@ -67,8 +73,11 @@ def command(
             lines_of=list(lines_of) or None,
             snapshot=snapshot_path,
             stops=stops,
+            journal=journal or True,  # (True: the private directory, removed at the end)
         )
         emit(report, json_path, html_path, trace_path, csv_path, quiet)
+        if journal is not None:
+            files.remove(journal)  # the report has everything it held
         if report.extra.get("snapshot") and not quiet:
             click.echo(f"vramscope: wrote {report.extra['snapshot']}", err=True)
     if stops.received is not None and report.exit.status == "ok":

@@ -128,6 +128,7 @@ def _child(argv: list[str] | None = None) -> int:
         precision=strategy.precision or a.precision,
         accumulate=strategy.accumulate(a.accumulate),
         allocator_config=config,
+        journal=None,  # a trial that dies is a row of the fit's own ("crashed"), not a report
     )
     report.workload["spec"] = a.spec
     report.workload["strategy"] = strategy.name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,12 @@ class VramscopeCallback(Callback):
     the end of the fit (also when it raised) ``vramscope.json`` and ``vramscope.html`` are
     written to the trainer's log directory (or ``dirpath``). ``print_report=True`` prints
     the epoch lines and the terminal report. ``detail="modules"`` adds the module tree.
+
+    The run's journal is written as the fit goes, ``vramscope.journal`` beside the report
+    (``journal_path``), and removed once the report is written: a process killed before
+    that (SIGKILL, the OOM killer, a segfault) leaves it, and ``vramscope report
+    vramscope.journal`` makes the report from it. ``journal="run.journal"`` writes (and
+    keeps) that file instead; ``journal=None`` writes none.
     """
 
     def __init__(
@@ -54,6 +61,7 @@ class VramscopeCallback(Callback):
         log_metrics: bool = True,
         print_report: bool = False,
         module_steps: str | int = "auto",
+        journal: str | os.PathLike[str] | bool | None = True,
     ) -> None:
         super().__init__()
         self.run = TrainingRun(
@@ -63,11 +71,17 @@ class VramscopeCallback(Callback):
             print_report=print_report,
             filename=filename,
             module_steps=module_steps,
+            journal=journal,
         )
         self.dirpath = dirpath
         self.log_metrics = log_metrics
         self._global_step = 0
         self._stepped_batches = 0
+
+    @property
+    def journal_path(self) -> Path | None:
+        """Where the run's journal is written (None: no journal, or no run yet)."""
+        return self.run.journal_path
 
     @property
     def report(self) -> Any:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,9 +13,11 @@ from typing import Any
 import torch
 
 from vramscope.integrations.metrics import LogWindow, epoch_line, unwrap_optimizer
-from vramscope.integrations.output import append_epoch, file_stem, save_report
+from vramscope.integrations.output import append_epoch, file_stem, journal_file, save_report
 from vramscope.report.model import Report
 from vramscope.tracking.session import Session
+
+logger = logging.getLogger("vramscope")
 
 
 class TrainingRun:
@@ -23,6 +28,12 @@ class TrainingRun:
     hooks, ``log_figures`` gives the memory since the previous log line, and ``finish``
     stops tracking and writes the report. A process that ends while the run is still open
     (a script whose training raised) finishes it at exit, with the exception that ended it.
+
+    The run's journal is written as it goes (see :mod:`vramscope.journal`), so that a
+    process killed before ``finish`` (SIGKILL, the OOM killer, a segfault) still leaves
+    what ``vramscope report`` makes its report from: ``journal=True`` writes
+    ``STEM.journal`` beside the report and removes it once the report is written; a path
+    writes that file and keeps it; None writes none.
     """
 
     def __init__(
@@ -33,9 +44,12 @@ class TrainingRun:
         print_report: bool = False,
         filename: str = "vramscope",
         module_steps: str | int = "auto",
+        journal: str | os.PathLike[str] | bool | None = True,
     ) -> None:
         # a bad option fails here, not mid-training
         Session(detail=detail, depth=depth, module_steps=module_steps)
+        self.journal = journal
+        self.journal_path: Path | None = None  # the journal of the run now tracked
         self.detail = detail
         self.depth = depth
         self.module_steps = module_steps
@@ -67,6 +81,15 @@ class TrainingRun:
     ) -> Session:
         if self.running:  # an earlier run that never finished (it raised in a notebook)
             self.finish(error="a new training run started before this one finished")
+        self.directory = Path(directory)
+        self.stem = file_stem(self.filename, rank, world_size)
+        self.is_main = rank == 0
+        self.journal_path = journal_file(
+            self.journal, self.directory, self.stem, rank=rank, world_size=world_size
+        )
+        if self.journal_path is not None:
+            with contextlib.suppress(OSError):  # (if it cannot be made, the report says so)
+                self.journal_path.parent.mkdir(parents=True, exist_ok=True)
         self.session = Session(
             name=str(workload.get("spec") or "training"),
             workload=workload,
@@ -75,17 +98,31 @@ class TrainingRun:
             module_steps=self.module_steps,
             manual_steps=True,
             manual_epochs=True,  # epochs come from the trainer's hooks only
+            journal=self.journal_path,
         )
         self.report = None
         self.files = []
-        self.directory = Path(directory)
-        self.stem = file_stem(self.filename, rank, world_size)
-        self.is_main = rank == 0
         self.train_steps = self._epoch_train_steps = self._epoch = 0
         self.window = LogWindow(session=self.session)
         self.session.start()
         atexit.register(self._finish_at_exit)
+        self._say_journal()
         return self.session
+
+    def _say_journal(self) -> None:
+        """Say once where the journal is (printed with ``print_report``, logged always)."""
+        if self.journal_path is None:
+            return
+        if not self.journal_path.is_file():
+            self.journal_path = None  # it could not be written (the report says why)
+            return
+        line = (
+            f"vramscope: the run's journal is {self.journal_path}; if this process dies, "
+            f"`vramscope report {self.journal_path}` makes its report"
+        )
+        logger.info(line)
+        if self.print_report and self.is_main:
+            print(line, flush=True)
 
     def watch(self, model: torch.nn.Module | None, optimizers: list[Any] = ()) -> None:
         """Models and optimizers (framework wrappers unwrapped) for the exact categories."""
@@ -147,6 +184,10 @@ class TrainingRun:
             self.session.set_exit("error", 1, error)
         self.report = self.session.report()
         self.files = save_report(self.report, self.directory, self.stem, html=self.html)
+        if self.journal is True and self.journal_path is not None:
+            from vramscope.journal import files
+
+            files.remove(self.journal_path)  # the report has everything it held
         if self.print_report and self.is_main:
             from vramscope.report.terminal import print_report
 

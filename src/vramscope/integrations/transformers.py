@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,12 @@ class VramscopeCallback(TrainerCallback):
     ``vramscope.epochs.jsonl``; at the end ``vramscope.json`` and ``vramscope.html`` are
     written to ``args.output_dir`` (or ``output_dir``). If ``train()`` raises, the partial
     report is written when the process exits, or by :meth:`finish`.
+
+    The run's journal is written as the training goes, ``vramscope.journal`` beside the
+    report (``journal_path``), and removed once the report is written: a process killed
+    before that (SIGKILL, the OOM killer, a segfault) leaves it, and ``vramscope report
+    vramscope.journal`` makes the report from it. ``journal="run.journal"`` writes (and
+    keeps) that file instead; ``journal=None`` writes none.
     """
 
     def __init__(
@@ -42,6 +49,7 @@ class VramscopeCallback(TrainerCallback):
         log_metrics: bool = True,
         print_report: bool = False,
         module_steps: str | int = "auto",
+        journal: str | os.PathLike[str] | bool | None = True,
     ) -> None:
         self.run = TrainingRun(
             detail=detail,
@@ -50,10 +58,16 @@ class VramscopeCallback(TrainerCallback):
             print_report=print_report,
             filename=filename,
             module_steps=module_steps,
+            journal=journal,
         )
         self.output_dir = output_dir
         self.log_metrics = log_metrics
         self._epoch_open = False
+
+    @property
+    def journal_path(self) -> Path | None:
+        """Where the run's journal is written (None: no journal, or no run yet)."""
+        return self.run.journal_path
 
     @property
     def report(self) -> Any:

@@ -1,12 +1,15 @@
 """Where journals live, and the one file a journal is: private, appended, never reached
 through a symbolic link.
 
-- ``vramscope run --json NAME.json``: ``NAME.journal`` beside the report;
+- ``vramscope run --json NAME.json``, ``vramscope measure --json NAME.json``:
+  ``NAME.journal`` beside the report;
+- a trainer callback (Lightning, Hugging Face): ``vramscope.journal`` beside its
+  ``vramscope.json`` (see :func:`vramscope.integrations.output.journal_file`);
 - a rank under torchrun: ``rank-N.journal`` in the job's private rank directory (beside its
   ``rank-N.json``);
-- otherwise (``track()``, ``run`` without a report file): the user's private directory, the
-  one ``vramscope watch`` reads (mode 0700: ``$XDG_RUNTIME_DIR/vramscope`` or
-  ``/tmp/vramscope-<uid>``), as ``<pid>-<random>.journal``.
+- otherwise (``track()``, ``measure()``, ``run`` without a report file): the user's private
+  directory, the one ``vramscope watch`` reads (mode 0700: ``$XDG_RUNTIME_DIR/vramscope``
+  or ``/tmp/vramscope-<uid>``), as ``<pid>-<random>.journal``.
 
 The file is made with mode 0600, ``O_EXCL`` and ``O_NOFOLLOW`` through a descriptor of its
 directory held open (a file or link already there under the name is removed first, never

@@ -265,6 +265,7 @@ def measure(
     module_steps: str | int = "auto",
     trust_remote_code: bool = False,
     phase_steps: str | int = "auto",
+    journal: str | os.PathLike[str] | bool | None = True,
 ) -> Report:
     """Build a workload and measure ``steps`` real steps, the first included.
 
@@ -275,7 +276,10 @@ def measure(
     lines default to the file that defines the workload. ``stops``: installed stop-signal
     handlers (the CLI's), so that SIGTERM/SIGHUP end the steps with a report;
     without them a signal does what the program says. ``trust_remote_code``: an ``hf:``
-    model may run the code its repository ships.
+    model may run the code its repository ships. ``journal``: where the run's journal is
+    written as the steps go (``vramscope report JOURNAL`` makes the report from it when the
+    process is killed), as for :func:`vramscope.track`: True, the user's private directory
+    (removed when the steps end); a path (kept); None, no journal.
     """
     from vramscope.hf_models import trusting_remote_code
 
@@ -301,6 +305,7 @@ def measure(
         phase_steps=phase_steps,
         lines_of=lines_of or ([_source_file(spec.builder)] if detail == "lines" else None),
         snapshot=snapshot,
+        journal=journal,
     )
     losses: list[float | None] = []
     session.start()
