@@ -353,3 +353,42 @@ def test_1d_convolutions_take_the_2d_rules_workspaces():
     modelled = sum(m for _, m in pairs)
     assert abs(modelled - recorded) <= 0.05 * recorded, pairs
     assert sum(abs(m - r) <= 1024 for r, m in pairs) >= 3, pairs
+
+
+def test_transposed_convolutions_workspaces_as_recorded():
+    """ConvTranspose1d/2d/3d of stride 2 in float32: the forward (cuDNN's data gradient)
+    takes none in 1-D and 2-D and twice input and output in 3-D; the data gradient none; the
+    weight gradient the input and the output's gradient and a little more."""
+    doc = load("layer-conv_transpose")
+    checked = 0
+    for name in ("convolution", "convolution_backward"):
+        for args, sizes in _internal_allocations(doc, name):
+            transposed = args[6] if name == "convolution" else args[7]
+            if not transposed:
+                continue
+            if name == "convolution":
+                x, w = _meta(args[0]), _meta(args[1])
+                out = torch.empty(_transposed_shape(x, w, args[3], args[4], args[7]), device="meta")
+                modelled = kernels._conv_transform_bytes(
+                    x, w, out, args[3], args[8], True, forward=True
+                )
+            else:
+                grad_out, x, w = _meta(args[0]), _meta(args[1]), _meta(args[2])
+                modelled = kernels._conv_transform_bytes(
+                    x, w, grad_out, args[4], args[9], True, gradient="weight"
+                )
+            recorded = sum(sizes)
+            assert abs(modelled - recorded) <= 0.4 * MiB, (name, args[0]["shape"], sizes)
+            checked += 1
+    assert checked == 12  # three layers, forward and backward, two steps
+
+
+def _transposed_shape(
+    x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int], extra: list[int]
+) -> list[int]:
+    """The output's shape of a transposed convolution (no dilation)."""
+    spatial = [
+        (n - 1) * s - 2 * p + k + e
+        for n, s, p, k, e in zip(x.shape[2:], stride, padding, w.shape[2:], extra, strict=True)
+    ]
+    return [x.shape[0], w.shape[1], *spatial]

@@ -713,10 +713,12 @@ def _conv_transform_bytes(
     convolution over ``gemm_from`` positions or more runs as a GEMM, without. ``gradient``:
     ``"data"`` or ``"weight"`` for the two backward passes (``None``: not said); ``swept``:
     the GPU is the one whose batch sweep showed the rules that depend on it (the H200)."""
-    if transposed or groups != 1 or x.dim() not in (3, 4, 5) or not isinstance(out, torch.Tensor):
+    if groups != 1 or x.dim() not in (3, 4, 5) or not isinstance(out, torch.Tensor):
         return 0
     if not x.is_contiguous():
         return 0  # channels-last (NHWC) already: no transposes
+    if transposed:
+        return _transposed_conv_bytes(x, out, forward, gradient)
     if x.dim() == 5:
         # 3-D (NCDHW): recorded on an H200 in float16 for every layer, the first one over 3
         # channels included: input, output and weight, for the forward and both gradients.
@@ -749,6 +751,23 @@ def _conv_transform_bytes(
         if by_batch is not None:
             return by_batch
     return _transform_operands(x, w, out, kh, kw, channels, positions, forward) + _CUDNN_SLACK
+
+
+def _transposed_conv_bytes(x: Any, out: Any, forward: bool, gradient: str | None) -> int:
+    """A transposed convolution (its forward is cuDNN's data gradient, its data gradient a
+    forward convolution), recorded on an H200 in float32 for 1-D, 2-D and 3-D layers of
+    stride 2 over 1 to 64 channels: no workspace for the 1-D and 2-D forwards nor for any data
+    gradient; twice input and output for the 3-D forward; the weight gradient transposes the
+    input and the output's gradient, as the 2-D rules say, and keeps 0.3 to 0.65 MiB of
+    partial sums besides (taken as 512 KiB)."""
+    if forward:
+        return 2 * (_storage_bytes(x) + _storage_bytes(out)) if x.dim() == 5 else 0
+    if gradient == "weight":
+        return _storage_bytes(x) + _storage_bytes(out) + _TRANSPOSED_PARTIALS
+    return 0
+
+
+_TRANSPOSED_PARTIALS = 512 * 1024
 
 
 def _strided_pointwise_fp32(
@@ -831,7 +850,7 @@ def _conv_backward_workspaces(
             swept=swept,
         )
         ladder: tuple[int, ...] = (0,)
-        if size and x.dim() == 4:  # (3-D: 0 to 3.4 MiB recorded, not modelled)
+        if size and x.dim() == 4 and not transposed:  # (3-D: 0 to 3.4 MiB recorded, not modelled)
             # the engine tried next splits K in 3 (recorded under a cap: 56.0 MiB for the
             # example CNN's 128-channel 3x3 layer at batch 215, where 14 slices took 62.2)
             ladder = (size + 3 * out[1].numel() * 4, 0)
