@@ -103,8 +103,11 @@ def test_convolution_workspaces_follow_the_transpose_rule():
     what cuDNN allocated."""
     close = exact = total = 0
     # the layer workloads (grouped and channels-last convolutions take other cuDNN engines)
-    # are held to their whole estimates in tests/test_estimate_layers.py
-    for name in (n for n in TRACES if not n.startswith("layer-") and n not in NOT_CONTIGUOUS):
+    # are held to their whole estimates in tests/test_estimate_layers.py, the zoo's layers
+    # (1-D and transposed convolutions) by the tests below
+    for name in (
+        n for n in TRACES if not n.startswith(("layer-", "zoo-")) and n not in NOT_CONTIGUOUS
+    ):
         pairs = _forward_workspaces(load(name))
         recorded = sum(r for r, _ in pairs)
         modelled = sum(m for _, m in pairs)
@@ -347,7 +350,7 @@ def test_float32_efficient_attention_backward_temporaries_as_recorded():
 def test_1d_convolutions_take_the_2d_rules_workspaces():
     """torch runs a 1-D convolution as a 2-D one over a height of 1: recorded float32
     workspaces of a 1-D CNN (3 to 512 channels over 4096 samples)."""
-    pairs = _forward_workspaces(load("layer-conv1d"))
+    pairs = _forward_workspaces(load("zoo-conv1d"))
     assert len(pairs) == 4
     recorded = sum(r for r, _ in pairs)
     modelled = sum(m for _, m in pairs)
@@ -359,7 +362,7 @@ def test_transposed_convolutions_workspaces_as_recorded():
     """ConvTranspose1d/2d/3d of stride 2 in float32: the forward (cuDNN's data gradient)
     takes none in 1-D and 2-D and twice input and output in 3-D; the data gradient none; the
     weight gradient the input and the output's gradient and a little more."""
-    doc = load("layer-conv_transpose")
+    doc = load("zoo-conv_transpose")
     checked = 0
     for name in ("convolution", "convolution_backward"):
         for args, sizes in _internal_allocations(doc, name):

@@ -38,7 +38,9 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   transposed (recorded on an H200, cuDNN 9.19, for ResNet-18/50, VGG-16, MobileNetV3,
   EfficientNet-B0 and ViT in fp32, bf16 and fp16: ``tests/data/op_trace_h200_*.json.gz``). The
   backward takes the same for data (dY, dX, W) and for weights (dY, X, dW), one after the
-  other. No workspace for grouped (depthwise) convolutions, for channels-last inputs, for a
+  other; a grouped convolution in float32 that is not depthwise takes the same (recorded: 4
+  groups of 16 channels, and a 2-group 1-D one). No workspace for depthwise convolutions
+  (nor, not recorded, for grouped ones in half precision), for channels-last inputs, for a
   1x1 stride-1 convolution over at least 14x14 positions (run as a GEMM), nor for a 3x3 or
   smaller kernel over at most 4 input channels (an image's first layer); a larger kernel on
   such an input takes input and output (bf16/fp16 pad the channels to 8). A float32 forward
@@ -713,7 +715,10 @@ def _conv_transform_bytes(
     convolution over ``gemm_from`` positions or more runs as a GEMM, without. ``gradient``:
     ``"data"`` or ``"weight"`` for the two backward passes (``None``: not said); ``swept``:
     the GPU is the one whose batch sweep showed the rules that depend on it (the H200)."""
-    if groups != 1 or x.dim() not in (3, 4, 5) or not isinstance(out, torch.Tensor):
+    if x.dim() not in (3, 4, 5) or not isinstance(out, torch.Tensor):
+        return 0
+    if groups != 1 and (groups == int(x.shape[1]) or x.dtype != torch.float32 or transposed):
+        # depthwise: none; grouped in half precision or transposed: not recorded, none taken
         return 0
     if not x.is_contiguous():
         return 0  # channels-last (NHWC) already: no transposes
