@@ -524,9 +524,7 @@ def main() -> None:
     for name in rows:
         warmup = 30 if ROWS[name].get("compile") else 10
         try:
-            results.append(
-                bench_row(name, device, cfg, sizes, rounds, kinds, args.seed, warmup)
-            )
+            results.append(bench_row(name, device, cfg, sizes, rounds, kinds, args.seed, warmup))
         except Exception as exc:  # report and go on with the next row
             results.append({"row": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         row = {k: v for k, v in results[-1].items() if k != "blocks"}
