@@ -290,6 +290,95 @@ def run_block(
     return block
 
 
+# where a fresh session's time goes: each function's inclusive time (a function called
+# inside another counts in both), over a few fresh sessions; missing names are skipped
+PARTS = (
+    "vramscope.tracking.session:Session.start",
+    "vramscope.tracking.session:Session.stop",
+    "vramscope.tracking.session:Session._count_objects",
+    "vramscope.tracking.session:Session._read_light",
+    "vramscope.tracking.session:Session._final_readings",
+    "vramscope.tracking.session:Session._transition",
+    "vramscope.tracking.session:Session._update_ended",
+    "vramscope.tracking.session:Session._finish_step",
+    "vramscope.tracking.session:Session.on_forward_start",
+    "vramscope.tracking.session:Session.on_optimizer_end",
+    "vramscope.tracking.session:_open_status",
+    "vramscope.tracking.attribution:start_recorder",
+    "vramscope.tracking.attribution:stop_recorder",
+    "vramscope.tracking.attribution:Recorder.maybe_start_cuda",
+    "vramscope.tracking.attribution:Recorder._pause_history",
+    "vramscope.tracking.attribution:Recorder._resume_history",
+    "vramscope.tracking.attribution:Recorder._end_window",
+    "vramscope.tracking.attribution:Recorder._stop_cuda",
+    "vramscope.tracking.attribution:Recorder.census",
+    "vramscope.journal.writer:open_journal",
+    "vramscope.journal.writer:JournalWriter.on_steps",
+    "vramscope.journal.writer:JournalWriter.close",
+    "vramscope.tracking.hooks:GlobalHooks.install",
+    "vramscope.tracking.hooks:GlobalHooks.remove",
+    "vramscope.tracking.hooks:_set_discovering",
+    "vramscope.tracking.sampler:Sampler.start",
+    "vramscope.tracking.sampler:Sampler.stop",
+    "vramscope.tracking.sampler:Sampler.sample_now",
+    "vramscope.sources.host:ProcessTreeRss.read",
+    "vramscope.sources.host:ProcessTreeRss._relist",
+    "vramscope.sources.allocator:PeakLedger.read_for_tracking",
+)
+
+
+def session_parts(
+    step: Callable[[], None], device: torch.device, sessions: int = 3, steps: int = 30
+) -> dict:
+    """Calls and inclusive time per fresh session of ``steps`` steps, by function."""
+    import importlib
+
+    totals: dict[str, list[float]] = {}
+    undo: list[tuple[object, str, object]] = []
+
+    def timed(label: str, function: Callable) -> Callable:
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                entry = totals.setdefault(label, [0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - t
+
+        return wrapper
+
+    for target in PARTS:
+        module_name, path = target.split(":")
+        with contextlib.suppress(Exception):
+            owner = importlib.import_module(module_name)
+            *outer, name = path.split(".")
+            for part in outer:
+                owner = getattr(owner, part)
+            original = owner.__dict__[name]
+            undo.append((owner, name, original))
+            setattr(owner, name, timed(path, original))
+    sync = _sync_for(device)
+    try:
+        for _ in range(sessions):
+            gc.collect()
+            with vramscope.track(**KINDS["default"]):
+                for _ in range(steps):
+                    step()
+                    sync()
+    finally:
+        for owner, name, original in reversed(undo):
+            setattr(owner, name, original)
+    return {
+        label: {
+            "calls_per_session": round(calls / sessions, 1),
+            "ms_per_session": round(seconds / sessions * 1000, 3),
+            "us_per_call": round(seconds / calls * 1e6, 1),
+        }
+        for label, (calls, seconds) in sorted(totals.items(), key=lambda kv: -kv[1][1])
+    }
+
+
 KINDS = {  # block kind -> track()'s arguments (None: untracked)
     "untracked": None,
     "default": {"name": "overhead"},
@@ -340,6 +429,7 @@ def bench_row(
     t = time.perf_counter()
     session.report()
     first_report_ms = round((time.perf_counter() - t) * 1000, 1)
+    parts = session_parts(step, device)
     result = {
         "row": name,
         **{k: v for k, v in options.items() if k != "infer_length" or options.get("infer")},
@@ -351,6 +441,7 @@ def bench_row(
         },
         "report_ms": first_report_ms,
         **analyse(blocks, sizes, seed),
+        "session_parts": parts,
         "blocks": blocks,
     }
     step = None  # type: ignore[assignment]  # free the model before the next row
@@ -427,6 +518,13 @@ def render(doc: dict) -> str:
                 f"  {'':12s} session: enter {p['enter_ms']:.1f} ms, exit {p['exit_ms']:.1f} ms, "
                 f"first {FIRST_STEPS} steps {p['first_steps_extra_ms']:+.1f} ms: "
                 f"{p['fixed_ms']:.1f} ms a session",
+                file=out,
+            )
+        print("  where a fresh session of 30 steps spends its time (inclusive, ms):", file=out)
+        for label, part in list(r["session_parts"].items())[:12]:
+            print(
+                f"    {label:38s} {part['ms_per_session']:8.2f} ms in {part['calls_per_session']:g}"
+                f" calls ({part['us_per_call']:.0f} µs each)",
                 file=out,
             )
         f = r["first_session_in_process"]
