@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import overhead
+import overhead_methods as overhead
 import vramscope
 from vramscope.sources.allocator import LEDGER
 from vramscope.tracking.phase_reads import FIRST_STEPS as PHASE_FIRST_STEPS

@@ -1,6 +1,6 @@
 """What a step pays for `--detail modules` on short steps, taken apart (needs a CUDA GPU).
 
-For the short-step workloads of ``overhead.py`` (a 10.7 M GPT: training at batch 64, batch-1
+For the short-step workloads of ``overhead_methods.py`` (a 10.7 M GPT: training at batch 64, batch-1
 inference, the compiled training), in one process, blocks of 30 steps interleaved (the
 order rotated per round), each step timed to a synchronize:
 
