@@ -395,3 +395,43 @@ def _transposed_shape(
         for n, s, p, k, e in zip(x.shape[2:], stride, padding, w.shape[2:], extra, strict=True)
     ]
     return [x.shape[0], w.shape[1], *spatial]
+
+
+class _PatchEmbed(torch.nn.Module):
+    """ViT's patch embedding: a 16x16 convolution of stride 16, flattened and transposed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, 64, 16, stride=16)
+        self.head = torch.nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.proj(x).flatten(2).transpose(1, 2))
+
+
+def test_a_float32_patch_embedding_takes_no_forward_workspace_and_copies_its_gradient():
+    """Recorded for timm's test_vit in float32 (op_trace_h200_test_vit-ckpt-fp32): the
+    forward allocates only its output; the backward first makes the transposed output
+    gradient contiguous (409,600 bytes, freed when the op ends)."""
+    import vramscope
+    from vramscope.estimate import trace as tracing
+    from vramscope.estimate.profiles import get_profile
+    from vramscope.workload import resolve
+
+    def build(batch_size: int, device: torch.device) -> vramscope.Workload:
+        m = _PatchEmbed().to(device)
+        return vramscope.Workload(
+            model=m,
+            optimizer=torch.optim.SGD(m.parameters()),
+            batch=lambda: torch.randn(batch_size, 3, 160, 160, device=device),
+            loss=lambda model, x: model(x).sum(),
+        )
+
+    trace = tracing.trace_workload(resolve(build), 16, get_profile("h200"), steps=1)
+    ops = [b.op for b in trace.blocks.values()]
+    assert "cuDNN convolution workspace" not in ops
+    recorded = _internal_allocations(load("test_vit-ckpt-fp32"), "convolution_backward")[0][1]
+    assert recorded[0] == 16 * 64 * 10 * 10 * 4  # the gradient's copy, first
+    (weight,) = [b for b in trace.blocks.values() if "(weight)" in b.op]
+    x, grad = 16 * 3 * 160 * 160 * 4, 16 * 64 * 10 * 10 * 4
+    assert weight.size >= x + 2 * grad  # input and gradient transposed, and the copy

@@ -747,6 +747,11 @@ def _conv_transform_bytes(
     if channels <= 4:
         if kh <= 3 and kw <= 3:
             return 0
+        patches = [kh, kw] == [int(n) for n in stride][-2:]
+        if forward and patches and x.dtype == torch.float32:
+            # a patch embedding (a kernel as large as its stride: ViT's 16x16, RDNet's 4x4)
+            # in float32, recorded on an H200: no workspace (bf16's pads and transposes)
+            return 0
         # a large kernel on an image: input (channels padded to 8 in half precision) and output
         pad = 8 if x.dtype in HALF else channels
         return _round(x.numel() // channels * pad * x.element_size(), 512) + _storage_bytes(out)
@@ -831,8 +836,12 @@ def _conv_backward_workspaces(
     stride, transposed, groups, mask = args[4], args[7], args[9], args[10]
     if not isinstance(out, (tuple, list)):
         return
+    # a gradient that is not laid out as the input (the output was permuted or flattened
+    # after the convolution: ViT's and ConvNeXt's patch embeddings) is copied first and kept
+    # until the op ends (recorded on an H200)
+    copy = 0 if _laid_out_like(grad_out, x) else _storage_bytes(grad_out)
     if mask[0] and isinstance(out[0], torch.Tensor):
-        size = _conv_transform_bytes(
+        size = copy + _conv_transform_bytes(
             x, w, grad_out, stride, groups, transposed, gradient="data", swept=swept
         )
         # recorded: the data gradient runs (and frees its workspace) before the weight
@@ -861,10 +870,25 @@ def _conv_backward_workspaces(
             ladder = (size + 3 * out[1].numel() * 4, 0)
             floor = _PARTIALS_FLOOR * (2 if any(int(s) > 1 for s in stride) else 1)
             size += min(max(14 * out[1].numel() * 4, floor), 8 * MiB)
+        if copy and not mask[0]:  # (with a data gradient, the copy is counted with its own)
+            size += copy
+            ladder = tuple(n + copy for n in ladder)
         key = _plan_key("weight", x, w, stride)
         recorder.transient(
             size, "temporary", "cuDNN convolution backward (weight) workspace", (key, ladder)
         )
+
+
+def _laid_out_like(grad: Any, x: Any) -> bool:
+    """Whether a convolution's output gradient is dense in the input's memory format (else
+    cuDNN's caller makes it so, a copy)."""
+    if grad.is_contiguous():
+        return True
+    if grad.dim() == 4 and not x.is_contiguous():
+        return grad.is_contiguous(memory_format=torch.channels_last)
+    if grad.dim() == 5 and not x.is_contiguous():
+        return grad.is_contiguous(memory_format=torch.channels_last_3d)
+    return False
 
 
 # the least the weight gradient's split-K partials took: 14 float32 slices of a 64x64x3x3
