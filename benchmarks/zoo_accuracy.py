@@ -320,9 +320,14 @@ def table(document: dict[str, Any]) -> str:
 
 
 def reestimate(
-    estimates: dict[str, Any], chosen: list[dict[str, Any]], jobs: int, timeout: float
+    estimates: dict[str, Any],
+    chosen: list[dict[str, Any]],
+    jobs: int,
+    timeout: float,
+    path: Path | None = None,
 ) -> None:
-    """The estimate of each chosen row again, in forked children; stored in ``estimates``."""
+    """The estimate of each chosen row again, in forked children; stored in ``estimates``
+    (and written to ``path`` every 20 rows, so that a run cut short keeps what it did)."""
     import logging
     import warnings
 
@@ -354,6 +359,11 @@ def reestimate(
             est = entry["estimate"]
             state = "ok" if est.get("ok") else est["error"]["class"]
             print(f"re-estimated {row['id'][:80]:80s} {est.get('seconds', 0):6.1f}s {state}")
+            done.append(row["id"])
+            if path is not None and len(done) % 20 == 0:
+                zoo.write_json(path, estimates)
+
+    done: list[str] = []
 
     run_all(target, chosen, on_result, jobs=jobs, timeout=timeout)
 
@@ -393,13 +403,16 @@ def main() -> int:
         chosen = [r for r in estimates["rows"] if r["id"] in chosen_ids]
         print(f"re-estimating {len(chosen)} workloads", flush=True)
         started = time.perf_counter()
-        reestimate(estimates, chosen, args.jobs, args.timeout)
-        estimates.setdefault("meta", {})["reestimated"] = {
+        note = estimates.setdefault("meta", {})["reestimated"] = {
             "date": datetime.date.today().isoformat(),
             "workloads": len(chosen),
-            "seconds": round(time.perf_counter() - started, 1),
+            "seconds": None,  # (None: the run was cut short)
+            "cpus": os.cpu_count(),
+            "jobs": args.jobs,
             "libraries": zoo.library_versions(),
         }
+        reestimate(estimates, chosen, args.jobs, args.timeout, estimates_path)
+        note["seconds"] = round(time.perf_counter() - started, 1)
         zoo.finish(estimates_path, estimates)
 
     rows = join(estimates["rows"], measured)
