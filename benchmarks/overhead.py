@@ -627,17 +627,32 @@ def main() -> None:
             results.append({"row": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
         row = {k: v for k, v in results[-1].items() if k != "blocks"}
         print(json.dumps(row), flush=True)
+        text = write(args.out, device, cfg, sizes, rounds, args.seed, results)  # after every row
+    print(text)
+
+
+def write(
+    out: str | None,
+    device: torch.device,
+    cfg: nanogpt.GPTConfig,
+    sizes: list[int],
+    rounds: dict[int, int],
+    seed: int,
+    results: list[dict],
+) -> str:
+    """The document so far, rendered (and written under ``out``): a run cut short keeps the
+    rows it finished."""
     meta = device_meta(device)
-    meta.update(steps=sizes, rounds={str(k): v for k, v in rounds.items()}, seed=args.seed,
+    meta.update(steps=sizes, rounds={str(k): v for k, v in rounds.items()}, seed=seed,
                 model=("small" if cfg is nanogpt.SMALL else "shakespeare-char"))  # fmt: skip
     doc = {"meta": meta, "targets": TARGETS, "results": results}
     text = render(doc)
-    print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "overhead.json").write_text(json.dumps(doc, indent=1))
-        (out / "overhead.txt").write_text(text)
+    if out:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "overhead.json").write_text(json.dumps(doc, indent=1))
+        (folder / "overhead.txt").write_text(text)
+    return text
 
 
 if __name__ == "__main__":
