@@ -1118,17 +1118,9 @@ class Session:
         if self._running:
             self.stop()
         if self._report is None:
-            from vramscope.report.findings import add_findings
-            from vramscope.tracking.assemble import assemble_report
-            from vramscope.tracking.attribution import attach_attribution
-            from vramscope.tracking.peak import settle_categories
+            from vramscope.tracking.assemble import make_report
 
-            report = assemble_report(self)
-            # the recorded allocations: the module tree, lines, snapshot, and the evidence
-            # of what the peak is made of, settled in one place before anything reads it
-            analysis = attach_attribution(self, report) if self._attribution else None
-            settle_categories(self, report, analysis)
-            self._report = add_findings(report)
+            self._report = make_report(self)
         return self._report
 
 
