@@ -93,7 +93,7 @@ class Session(StepBoundaries):
         }
         # -- end attribution --
         self._phase_policy = check_phase_policy(phase_steps)
-        StepBoundaries.__init__(self)
+        super().__init__()
         self.name = name
         self.workload_info = dict(workload or {})
         self.detail = detail
