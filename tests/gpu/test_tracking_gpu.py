@@ -81,7 +81,7 @@ def test_unread_steps_counted_at_once_or_late_give_the_same_records(monkeypatch)
     entry's peak is the highest of its steps' own ``max_memory_allocated``. (Each run is held
     to its own steps: two runs in one process need not allocate alike to the byte; on an H200
     one run's third step took 121.8 MiB more than the other's, both measured exactly.)"""
-    from vramscope.tracking import session as session_module
+    from vramscope.tracking import boundaries
 
     device = torch.device("cuda")
     w = build_gpt(8, device)
@@ -90,7 +90,7 @@ def test_unread_steps_counted_at_once_or_late_give_the_same_records(monkeypatch)
         runner()
 
     def records(limit: int) -> list[tuple]:
-        monkeypatch.setattr(session_module, "UNREAD_LOG_LIMIT", limit)
+        monkeypatch.setattr(boundaries, "UNREAD_LOG_LIMIT", limit)
         peaks = []
         with vramscope.track(phase_steps=5) as session:
             for _ in range(40):

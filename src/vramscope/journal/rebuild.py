@@ -8,7 +8,6 @@ module tree, the allocator's trace) is marked unavailable, with why.
 from __future__ import annotations
 
 import datetime
-from types import SimpleNamespace
 from typing import Any
 
 from vramscope import __version__
@@ -17,7 +16,7 @@ from vramscope.journal.reader import Journal
 from vramscope.report.aggregate import epochs_of, phases_of
 from vramscope.report.findings import add_findings
 from vramscope.report.model import OomInfo, Peak, Report, Startup, Timeline
-from vramscope.tracking.peak import CPU_REASON, settle_categories
+from vramscope.tracking.peak import CPU_REASON, PeakEvidence, settle_categories
 from vramscope.tracking.records import StepHistory, StepRecord, step_stats
 from vramscope.tracking.sampler import SampleBuffer
 
@@ -99,7 +98,7 @@ def report_from_journal(journal: Journal, ending: Ending | None = None) -> Repor
         report.extra["allocator"] = {
             k: allocator.get(k) for k in ("num_ooms", "num_alloc_retries", "config")
         }
-    settle_categories(_run_of(journal, records, report, cuda), report, None)
+    settle_categories(report, _peak_evidence(journal, records, report), None)
     report.extra["journal"] = _journal_section(journal, lost)
     report.extra["tracking_notes"] = _notes(journal, lost) + notes
     return add_findings(report)
@@ -183,13 +182,9 @@ def _timeline(header: dict[str, Any], samples: list[tuple[Any, ...]], report: Re
     )
 
 
-def _run_of(journal: Journal, records: list[StepRecord], report: Report, cuda: bool) -> Any:
-    """What :func:`settle_categories` reads of a stopped session, from the journal."""
+def _peak_evidence(journal: Journal, records: list[StepRecord], report: Report) -> PeakEvidence:
+    """What :func:`settle_categories` needs beyond the report's figures, from the journal."""
     objects = journal.state.get("objects", {})
-    seen = SimpleNamespace(
-        **{k: _int(objects.get(k)) or 0 for k in ("parameters", "buffers", "gradients")},
-        optimizer_state=_int(objects.get("optimizer_state")) or 0,
-    )
     peak_step = report.peak.step
     record = next(
         (
@@ -200,17 +195,14 @@ def _run_of(journal: Journal, records: list[StepRecord], report: Report, cuda: b
         ),
         None,
     )
-    after_build = report.startup.after_build_allocated_bytes
-    return SimpleNamespace(
-        _device_index=report.device.get("index", 0) if cuda else None,
-        _ledger=SimpleNamespace(seen=seen, full_gradients=_int(objects.get("full_gradients")) or 0),
-        _steps=records,
-        _peak_where=(peak_step, report.peak.phase),
-        _peak_record=record,
-        _first_reading=SimpleNamespace(allocated_bytes=after_build)
-        if after_build is not None
-        else None,
-        _attribution=None,
+    return PeakEvidence(
+        parameters=_int(objects.get("parameters")) or 0,
+        buffers=_int(objects.get("buffers")) or 0,
+        gradients=_int(objects.get("gradients")) or 0,
+        optimizer_state=_int(objects.get("optimizer_state")) or 0,
+        full_gradients=_int(objects.get("full_gradients")) or 0,
+        had_backward=any(r.backwards for r in records),
+        peak_record=record,
     )
 
 

@@ -1,6 +1,7 @@
-"""Turn a stopped Session's records into a Report (plain data): the peak, steps, phases,
-timeline and reconciliation; what the peak is made of is settled after (tracking/peak.py),
-then the findings."""
+"""Turn a stopped Session's records into its Report, in one pass: the peak, steps, phases,
+timeline and reconciliation; the recorded allocations' analysis (module tree, peak tensors,
+lines, snapshot); what the peak is made of, settled once from the best evidence
+(tracking/peak.py); then the findings, which read the report like every other output."""
 
 from __future__ import annotations
 
@@ -25,16 +26,79 @@ from vramscope.report.model import (
 )
 from vramscope.sources import host as host_source
 from vramscope.sources import nvml
+from vramscope.tracking.peak import CPU_REASON, PeakEvidence, settle_categories
 from vramscope.tracking.records import step_stats
 
 # ``session`` below is a stopped vramscope.tracking.session.Session (not imported: the
 # session imports this module to make its report)
 Session = Any
 
-CPU_REASON = "no CUDA device in use: the CPU has no caching allocator to read"
+
+def make_report(session: Session) -> Report:
+    """The Report of a stopped session: its records assembled, the recorded allocations
+    analysed into it, the categories at the peak settled in one place before anything reads
+    them, then the findings."""
+    from vramscope.report.findings import add_findings
+
+    report = assemble_report(session)
+    analysis = attach_attribution(session, report) if session._attribution else None
+    settle_categories(report, peak_evidence(session), analysis)
+    return add_findings(report)
+
+
+def peak_evidence(session: Session) -> PeakEvidence:
+    """What the session knows of its peak beyond the report's figures (tracking/peak.py)."""
+    ledger = session._ledger
+    seen = ledger.seen
+    return PeakEvidence(
+        parameters=seen.parameters,
+        buffers=seen.buffers,
+        gradients=seen.gradients,
+        optimizer_state=seen.optimizer_state,
+        full_gradients=ledger.full_gradients,
+        had_backward=any(s.backwards for s in session._steps),
+        peak_record=session._peak_record,
+    )
+
+
+def attach_attribution(session: Session, report: Report) -> dict[str, Any] | None:
+    """Analyse the recorded allocations: with markers, into ``report`` (the module tree, peak
+    tensors, lines; the snapshot when one was asked for); returns the analysis, from which
+    the categories at the peak are settled (None when nothing could be analysed)."""
+    from vramscope.report.modules import analyze, apply_to_report
+
+    recorder = session._attribution
+    options = session._attribution_options
+    try:
+        log = recorder.event_log()
+        analysis = analyze(log, depth=options["depth"], labels=bool(options.get("snapshot")))
+        if recorder.markers:
+            apply_to_report(report, analysis, session.detail)
+        if options.get("snapshot"):
+            path = _write_snapshot(recorder, log, analysis["block_labels"], options["snapshot"])
+            report.extra["snapshot"] = str(path)
+        return analysis
+    except Exception as exc:  # attribution must never cost the user the report
+        report.extra.setdefault("attribution_notes", []).append(
+            f"attribution failed: {type(exc).__name__}: {exc}"
+        )
+        return None
+
+
+def _write_snapshot(recorder: Any, log: Any, labels: dict[int, Any], path: str) -> Any:
+    """The memory_viz snapshot: the allocator's own on CUDA, the recorded storages on the CPU."""
+    from vramscope.tracking import snapshot as snapshot_writer
+
+    raw = recorder.raw_snapshot()
+    if raw is not None:
+        data = snapshot_writer.annotate_cuda_snapshot(raw, recorder.device_index or 0, labels)
+    else:
+        data = snapshot_writer.cpu_snapshot(log, labels)
+    return snapshot_writer.write_snapshot(path, data)
 
 
 def assemble_report(session: Session) -> Report:
+    """The run's own figures (no analysis of recorded allocations, no categories yet)."""
     samples = session._sampler.samples() if session._sampler else []
     report = Report(
         kind="measured",

@@ -5,8 +5,8 @@ The cost is kept to markers. When the session finds a model, every module of it 
 (modules deeper, and every other module, keep nn.Module's fast path, and torch.compile never
 sees a hook); a marked module's call appends ``["m", module]``/``["x", module]`` to a list; a
 hook on the autograd node of its output appends ``["b", module]`` when the gradient reaches
-it; the session appends phases and steps. No hook reads the allocator. On CUDA the allocations come from the
-allocator's own trace (``torch.cuda.memory._record_memory_history``); at every marker the
+it; the session appends phases and steps. No hook reads the allocator. On CUDA the allocations
+come from the allocator's own trace (:mod:`vramscope.tracking.trace_windows`); at every marker the
 allocator's user metadata is set to the marker count (behind a token unique to the
 session: the allocator keeps it per thread, and a thread keeps a previous session's), so
 each trace entry says exactly which markers came before it (without that API, markers are
@@ -47,13 +47,12 @@ from vramscope.tracking.events import (
     STEP,
     UPDATE,
     EventLog,
-    merge_trace_windows,
     trim_records,
 )
 from vramscope.tracking.marking import MarkerSchedule
+from vramscope.tracking.trace_windows import AllocatorTrace
 
 DETAILS = ("default", "modules", "lines")
-MAX_TRACE_ENTRIES = int(os.environ.get("VRAMSCOPE_TRACE_ENTRIES", "300000"))
 MAX_RECORDS = int(os.environ.get("VRAMSCOPE_MAX_RECORDS", "3000000"))
 # a Python stack per CUDA allocation costs most of the `modules` overhead (measured on an
 # H200: +21.9% on resnet50-bf16-mixed): recorded only for `lines`, or with VRAMSCOPE_STACKS=1
@@ -169,7 +168,6 @@ class Recorder:
         self._param_names: dict[int, tuple[int, str]] | None = None
         self._step_starts: list[int] = []
         self._dropped_steps = 0
-        self._dropped_windows = 0
         self._mode: _StorageTracker | None = None
         self._live: dict[int, int] = {}  # CPU: storage data_ptr -> block
         self._refs: dict[int, Any] = {}  # CPU: block -> weakref to its storage
@@ -180,20 +178,16 @@ class Recorder:
         # on CUDA, with markers on a schedule, the allocator's trace runs only in the steps
         # with markers (its entries cost about half a microsecond per allocation and free,
         # which is most of what a step without markers would otherwise pay): one window of
-        # trace per run of marked steps (see events.merge_trace_windows)
+        # trace per run of marked steps (see tracking/trace_windows.py)
         self._windowed = device_type == "cuda" and self.schedule.policy != "all"
         self._history_on = False
-        self._window_first = 0  # global marker count when the open window began
-        self._windows: list[dict[str, Any]] = []
-        self._window_entries = 0
+        self._trace: AllocatorTrace | None = None  # on CUDA, once it started
         self._set_meta: Callable[[str], None] | None = None
         # the allocator's user metadata is per thread and outlives the session (the autograd
         # thread keeps the last count its backward hooks set): a token tells ours apart
         self._meta_prefix = f"vramscope:{os.getpid():x}.{id(self):x}.{time.time_ns():x}:"
         self._old_meta: str | None = None
         self._marker_times: list[float] | None = None
-        self._probes: list[tuple[int, float]] = []
-        self._raw_snapshot: dict[str, Any] | None = None
         self._tracer: Any = None
         self._line_targets = list(line_targets)
         self._event_log: EventLog | None = None
@@ -299,6 +293,7 @@ class Recorder:
             return
         if self.device_index is None:
             self.device_index = torch.cuda.current_device()
+        self._trace = AllocatorTrace(self.device_index, self.stacks)
         self._start_history()
         self._cuda_on = True
         set_meta = getattr(torch._C, "_cuda_setMemoryMetadata", None)
@@ -325,47 +320,14 @@ class Recorder:
                 log.append(record)
                 times.append(clock() / 1000)
 
-            self._probe()
+            self._trace.probe()
             self._windowed = False  # markers placed by time need one unbroken trace
         self.mark = mark
 
     def _start_history(self) -> None:
         """Start the allocator's trace (a new window of it)."""
-        kwargs: dict[str, Any] = {
-            "enabled": "all",
-            "context": "alloc" if self.stacks else None,
-            "stacks": "python",
-            "max_entries": MAX_TRACE_ENTRIES,
-        }
-        try:
-            torch.cuda.memory._record_memory_history(**kwargs, clear_history=True)
-        except TypeError:  # older torch: no clear_history
-            torch.cuda.memory._record_memory_history(**kwargs)
+        self._trace.start(self.base + len(self.log))  # type: ignore[union-attr]
         self._history_on = True
-        self._window_first = self.base + len(self.log)
-
-    def _end_window(self, last: int | None) -> dict[str, Any]:
-        """Take the open window's trace and the blocks allocated now (one snapshot); returns
-        the snapshot. The trace keeps running: the caller stops it or not."""
-        snapshot = torch.cuda.memory._snapshot()
-        index = self.device_index or 0
-        traces = snapshot.get("device_traces") or []
-        trace = traces[index] if index < len(traces) else []
-        active, segments = _allocated_and_segments(snapshot, index)
-        window = {
-            "first": self._window_first,
-            "last": last,
-            "trace": trace,
-            "active": active,
-            "segments": segments,
-        }
-        self._windows.append(window)
-        self._window_entries += len(trace)
-        while self._window_entries > MAX_TRACE_ENTRIES and len(self._windows) > 1:
-            dropped = self._windows.pop(0)  # the oldest go: the newest steps are kept
-            self._window_entries -= len(dropped["trace"])
-            self._dropped_windows += 1
-        return snapshot
 
     def _pause_history(self) -> None:
         """A step without markers begins: close the window (its cost is the marked steps')."""
@@ -373,7 +335,7 @@ class Recorder:
             return
         started = time.perf_counter()
         try:
-            self._end_window(self.base + len(self.log))
+            self._trace.take(self.base + len(self.log))  # type: ignore[union-attr]
         except Exception as exc:  # never the user's run: trace every step from here on
             self._windowed = False
             self.notes.append(
@@ -381,7 +343,7 @@ class Recorder:
                 f"markers ({type(exc).__name__}: {exc}); it ran in every step from there"
             )
             return
-        torch.cuda.memory._record_memory_history(enabled=None)
+        self._trace.off()  # type: ignore[union-attr]
         self._history_on = False
         self.schedule.charge(time.perf_counter() - started)
 
@@ -400,29 +362,22 @@ class Recorder:
                     f"({type(exc).__name__}: {exc}); later steps are not in it"
                 )
 
-    def _probe(self) -> None:
-        """A 512-byte allocation whose trace time ties the trace's clock to ours."""
-        with contextlib.suppress(Exception):
-            t0 = time.time_ns()
-            x = torch.empty(512, dtype=torch.uint8, device=f"cuda:{self.device_index}")
-            t1 = time.time_ns()
-            self._probes.append((x.data_ptr(), (t0 + t1) / 2000))
-            del x
-
     def _stop_cuda(self) -> None:
         if not self._cuda_on:
             return
+        trace = self._trace
+        assert trace is not None
         try:
             if self._set_meta is None:
-                self._probe()
+                trace.probe()
             torch.cuda.synchronize(self.device_index)
             if not self._history_on:  # the end state: an empty last window
                 self._start_history()
-            self._raw_snapshot = self._end_window(None)  # a trace in one piece: one window
+            trace.finish()
         finally:
             self._cuda_on = False
             self._history_on = False
-            torch.cuda.memory._record_memory_history(enabled=None)
+            trace.off()
             if self._set_meta is not None:
                 with contextlib.suppress(Exception):
                     self._set_meta(self._old_meta or "")
@@ -815,7 +770,7 @@ class Recorder:
             log.baseline = self.baseline
             log.frames = self._frames
         else:
-            self._merge_cuda(log)
+            self._join_trace(log)
         if self._dropped_steps:
             log.notes.append(
                 f"the run was long: the attribution keeps its last steps; "
@@ -824,92 +779,28 @@ class Recorder:
         self._event_log = log
         return log
 
-    def _merge_cuda(self, log: EventLog) -> None:
-        """The windows of the allocator's trace (one, when it ran in every step) joined
-        with the markers."""
-        if self._raw_snapshot is None or not self._windows:
+    def _join_trace(self, log: EventLog) -> None:
+        """The allocator's trace (its windows) joined with the markers, into ``log``."""
+        trace = self._trace
+        if trace is None or trace.raw_snapshot is None or not trace.windows:
             log.records = list(self.log)
             log.notes.append(
                 "no allocator trace: CUDA was never initialized while tracking, "
                 "so allocations could not be attributed"
             )
             return
-        records, baseline, frames, info = merge_trace_windows(
-            self._windows,
+        trace.join(
+            log,
             self.log,
             marker_base=self.base,
-            marker_times_us=self._marker_times_on_trace(self._windows[-1]["trace"]),
-            library_dirs=_LIBRARY_DIRS,
+            marker_times=self._marker_times,
             metadata_prefix=self._meta_prefix if self._set_meta is not None else "",
+            library_dirs=_LIBRARY_DIRS,
         )
-        log.records, log.baseline, log.frames = records, baseline, frames
-        log.meta["block_sizes"] = "allocator"
-        log.meta["segments"] = self._windows[-1]["segments"]
-        log.meta["stacks"] = self.stacks
-        info["max_entries"] = MAX_TRACE_ENTRIES
-        info["dropped_windows"] = self._dropped_windows
-        info["overflowed"] = any(len(w["trace"]) >= MAX_TRACE_ENTRIES for w in self._windows)
-        log.meta["trace"] = info
-        bound = f"the allocator trace is bounded to {MAX_TRACE_ENTRIES} events"
-        if self._dropped_windows:
-            log.notes.append(
-                f"{bound}: the {self._dropped_windows} oldest windows of marked steps were "
-                "dropped; raise VRAMSCOPE_TRACE_ENTRIES to keep more"
-            )
-        elif info["overflowed"]:
-            log.notes.append(
-                f"{bound} and filled up: allocations before its window count as live before "
-                "it; raise VRAMSCOPE_TRACE_ENTRIES to see more"
-            )
-        if info["join"] not in ("metadata", "end"):
-            log.notes.append(
-                "this torch has no allocator user metadata: markers were placed on the trace "
-                "by time, which can misplace allocations made within a microsecond of a marker"
-            )
-
-    def _marker_times_on_trace(self, trace: list[dict[str, Any]]) -> list[float] | None:
-        """Our marker times mapped onto the trace's clock by the two probe allocations."""
-        if self._marker_times is None:
-            return None
-        points = []
-        for addr, ours in self._probes:
-            entry = next(
-                (
-                    e
-                    for e in trace
-                    if e.get("action") == "alloc" and e.get("addr") == addr and "time_us" in e
-                ),
-                None,
-            )
-            if entry is not None:
-                points.append((ours, float(entry["time_us"])))
-        if not points:
-            return list(self._marker_times)
-        if len(points) == 1 or points[-1][0] == points[0][0]:
-            offset = points[0][1] - points[0][0]
-            return [t + offset for t in self._marker_times]
-        (a0, b0), (a1, b1) = points[0], points[-1]
-        scale = (b1 - b0) / (a1 - a0)
-        return [b0 + (t - a0) * scale for t in self._marker_times]
 
     def raw_snapshot(self) -> dict[str, Any] | None:
-        return self._raw_snapshot
-
-
-def _allocated_and_segments(
-    snapshot: dict[str, Any], index: int
-) -> tuple[list[dict[str, int]], list[list[int]]]:
-    """One device's allocated blocks (``{"address", "size"}``) and segments (``[addr, size]``)
-    in an allocator snapshot."""
-    own = [seg for seg in snapshot.get("segments", []) if seg.get("device", index) == index]
-    active = [
-        {"address": b.get("address", 0), "size": b.get("size", 0)}
-        for seg in own
-        for b in seg.get("blocks", [])
-        if b.get("state") == "active_allocated"
-    ]
-    segments = [[int(seg.get("address", 0)), int(seg.get("total_size", 0))] for seg in own]
-    return active, segments
+        """The allocator's snapshot taken when the trace stopped (None: no trace)."""
+        return self._trace.raw_snapshot if self._trace is not None else None
 
 
 def _forward_code(module: torch.nn.Module) -> str | None:
@@ -1003,40 +894,3 @@ def stop_recorder(session: Any) -> None:
         recorder.add_models(list(session._models))
         recorder.optimizers = list(session._optimizers)
     recorder.stop()
-
-
-def attach_attribution(session: Any, report: Any) -> dict[str, Any] | None:
-    """Analyse what was recorded: with markers, into ``report`` (the module tree, peak
-    tensors, lines; the snapshot when one was asked for); returns the analysis, from which
-    the categories at the peak are settled (None when nothing could be analysed)."""
-    from vramscope.report.modules import analyze, apply_to_report
-
-    recorder: Recorder = session._attribution
-    options = session._attribution_options
-    try:
-        log = recorder.event_log()
-        analysis = analyze(log, depth=options["depth"], labels=bool(options.get("snapshot")))
-        if recorder.markers:
-            apply_to_report(report, analysis, session.detail)
-        if options.get("snapshot"):
-            path = write_attribution_snapshot(recorder, log, analysis["block_labels"], options)
-            report.extra["snapshot"] = str(path)
-        return analysis
-    except Exception as exc:  # attribution must never cost the user the report
-        report.extra.setdefault("attribution_notes", []).append(
-            f"attribution failed: {type(exc).__name__}: {exc}"
-        )
-        return None
-
-
-def write_attribution_snapshot(
-    recorder: Recorder, log: EventLog, labels: dict[int, Any], options: dict[str, Any]
-) -> Any:
-    from vramscope.tracking import snapshot as snapshot_writer
-
-    raw = recorder.raw_snapshot()
-    if raw is not None:
-        data = snapshot_writer.annotate_cuda_snapshot(raw, recorder.device_index or 0, labels)
-    else:
-        data = snapshot_writer.cpu_snapshot(log, labels)
-    return snapshot_writer.write_snapshot(options["snapshot"], data)

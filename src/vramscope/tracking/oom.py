@@ -24,6 +24,24 @@ def _requested(message: str) -> int | None:
     return None
 
 
+def module_in_traceback(exc: BaseException, models: list[torch.nn.Module]) -> str | None:
+    """The innermost module whose ``forward`` the error came through, by its dotted name."""
+    module = None
+    tb = exc.__traceback__
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self")
+        if isinstance(candidate, torch.nn.Module):
+            module = candidate
+        tb = tb.tb_next
+    if module is None:
+        return None
+    for model in models:
+        for name, sub in model.named_modules():
+            if sub is module:
+                return f"{type(model).__name__}.{name}" if name else type(model).__name__
+    return type(module).__name__
+
+
 def oom_details(
     exc: BaseException,
     device_index: int | None,

@@ -21,17 +21,40 @@ and JSON read them from the report.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from vramscope.report.model import Categories, Report
+
+if TYPE_CHECKING:
+    from vramscope.tracking.records import StepRecord
 
 CPU_REASON = "no CUDA device in use: the CPU has no caching allocator to read"
 
 
-def settle_categories(session: Any, report: Report, analysis: dict[str, Any] | None) -> None:
+@dataclass(frozen=True)
+class PeakEvidence:
+    """What a run knows of its peak beyond its recorded allocations and its report's own
+    figures (the peak, the steps, the startup reading): the objects' bytes, the highest seen,
+    and the step record that holds the peak. A live session gives one
+    (:func:`vramscope.tracking.assemble.peak_evidence`), and so does a run's journal."""
+
+    parameters: int = 0
+    buffers: int = 0
+    gradients: int = 0
+    optimizer_state: int = 0
+    full_gradients: int = 0  # every trainable parameter's gradient, as if all existed
+    had_backward: bool = False  # a step of the run ran a backward
+    peak_record: StepRecord | None = None
+
+
+def settle_categories(
+    report: Report, evidence: PeakEvidence, analysis: dict[str, Any] | None
+) -> None:
     """Set ``report.categories_at_peak`` (and the peak's reconciliation) from the best
-    evidence; ``analysis``: the recorded allocations' analysis, or None."""
-    cuda = session._device_index is not None
+    evidence; ``analysis``: the recorded allocations' analysis, or None. The one place the
+    categories are decided: every table and output reads them from the report."""
+    cuda = report.device.get("type") == "cuda"
     run_peak = report.peak.allocated_bytes
     notes: list[str] = []
     source = "objects"
@@ -56,21 +79,26 @@ def settle_categories(session: Any, report: Report, analysis: dict[str, Any] | N
         elif run_peak and traced:
             from vramscope.report.modules import unmarked_peak_note
 
-            said = (
-                unmarked_peak_note(report, analysis) + "; "
-                if session._attribution is not None and session._attribution.markers
-                else ""
+            said = (  # the module tables (markers) describe the trace's highest point
+                unmarked_peak_note(report, analysis) + "; " if "attribution" in report.extra else ""
             )
             notes.append(
                 said + "the allocator's trace did not record the step of the run's peak "
                 f"(step {report.peak.step}), so the categories are split at phase boundaries"
             )
     if cats is None and cuda and run_peak is not None:
-        cats, source = _split_at_phase_boundaries(session, report), "phase-boundaries"
+        cats, source = _split_at_phase_boundaries(report, evidence), "phase-boundaries"
     if cats is None:
-        cats = _objects_only(session, report)
+        cats = _objects_only(report, evidence)
     report.categories_at_peak = cats
     report.extra["categories_source"] = source
+    attribution = report.extra.get("attribution")
+    if attribution is not None:  # the module tables' section says the same categories
+        if analysis is not None and source not in ("allocator-trace", "cpu-dispatch"):
+            module_peak = attribution.get("module_peak")
+            if module_peak is not None:  # what the trace's own highest point held
+                module_peak["categories"] = attribution.get("categories")
+        attribution["categories"] = asdict(cats)
     if source in ("allocator-trace", "cpu-dispatch"):
         report.unavailable.pop("categories_at_peak.activations", None)
     for rec in report.reconciliation:
@@ -91,16 +119,15 @@ def _same_peak(traced: dict[str, Any], report: Report) -> bool:
     return gap == 0 or (traced["phase"] == report.peak.phase and gap <= 0.001 * run_peak)
 
 
-def _objects_only(session: Any, report: Report) -> Categories:
+def _objects_only(report: Report, evidence: PeakEvidence) -> Categories:
     """The CPU with the default detail: what the objects held (the highest seen)."""
-    seen = session._ledger.seen
     cats = Categories(
-        parameters=seen.parameters,
-        buffers=seen.buffers,
-        gradients=max(seen.gradients, session._ledger.full_gradients)
-        if any(s.backwards for s in session._steps)
-        else seen.gradients,
-        optimizer_state=seen.optimizer_state,
+        parameters=evidence.parameters,
+        buffers=evidence.buffers,
+        gradients=max(evidence.gradients, evidence.full_gradients)
+        if evidence.had_backward
+        else evidence.gradients,
+        optimizer_state=evidence.optimizer_state,
     )
     report.categories_note = (
         "on the CPU, parameters, buffers, gradients and optimizer state are exact from the "
@@ -111,17 +138,16 @@ def _objects_only(session: Any, report: Report) -> Categories:
     return cats
 
 
-def _split_at_phase_boundaries(session: Any, report: Report) -> Categories:
+def _split_at_phase_boundaries(report: Report, evidence: PeakEvidence) -> Categories:
     """No trace holds the peak: the objects' bytes split by the peak's phase and step, the
     activations from the allocator's reading where the backward began, the rest temporaries.
     Inside a backward, which gradients existed at the peak is not known: all are counted."""
-    objects = session._ledger.seen
-    full_gradients = session._ledger.full_gradients
-    step_index, phase_name = session._peak_where
-    record = session._peak_record
+    full_gradients = evidence.full_gradients
+    step_index, phase_name = report.peak.step, report.peak.phase
+    record = evidence.peak_record
     peak = report.peak.allocated_bytes or 0
-    params, buffers = objects.parameters, objects.buffers
-    opt_full = objects.optimizer_state
+    params, buffers = evidence.parameters, evidence.buffers
+    opt_full = evidence.optimizer_state
     first_optimizer_step = min(
         (s.index for s in report.steps for p in s.phases if p.name == "optimizer"), default=None
     )
@@ -139,8 +165,8 @@ def _split_at_phase_boundaries(session: Any, report: Report) -> Categories:
     elif phase_name == "forward":
         grads = full_gradients if grads_live or (record and record.backwards > 1) else 0
     else:
-        grads = objects.gradients if grads_live else 0
-    baseline = session._first_reading.allocated_bytes if session._first_reading else 0
+        grads = evidence.gradients if grads_live else 0
+    baseline = report.startup.after_build_allocated_bytes or 0
     other = max(0, baseline - params - buffers)
     activations = 0
     if record is not None:
