@@ -6,7 +6,9 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -84,3 +86,26 @@ def test_reads_hold_no_descriptor_beyond_the_reader() -> None:
     del reader
     gc.collect()
     assert _statm_fds() == baseline
+
+
+@linux_only
+def test_children_and_grandchildren_are_listed_as_psutil_lists_them() -> None:
+    # a shell whose own child sleeps: a grandchild of this process
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    try:
+        me = psutil.Process()
+        for _ in range(100):  # until the shell has started its child
+            tree = me.children(recursive=True)
+            if any(p.ppid() == shell.pid for p in tree):
+                break
+            time.sleep(0.05)
+        reader = ProcessTreeRss()
+        reader.read()
+        expected = {p.pid for p in me.children(recursive=True)}
+        assert shell.pid in expected and len(expected) >= 2
+        assert reader.workers == len(expected)
+    finally:
+        for p in psutil.Process(shell.pid).children(recursive=True):
+            p.kill()
+        shell.kill()
+        shell.wait(10)

@@ -137,3 +137,24 @@ def test_a_longer_interval_set_while_the_sampler_sleeps_holds_at_once():
     time.sleep(0.5)
     kept.stop()
     assert 5 <= len(times) <= 12  # every 0.05 s, none in a burst
+
+
+def test_the_sampler_starts_its_grid_at_a_sample_just_taken():
+    """The session takes its first sample before it starts the thread: the thread does not
+    take the same sample again at once, and its next one comes an interval later."""
+    times: list[float] = []
+
+    def read(t: float) -> tuple:
+        times.append(t)
+        return (t, None, None, None, None)
+
+    sampler = Sampler(read, interval_s=0.2)
+    sampler.sample_now()
+    sampler.start()
+    try:
+        time.sleep(0.1)
+        assert len(times) == 1
+        time.sleep(0.25)
+        assert len(times) == 2 and 0.19 <= times[1] - times[0] <= 0.3
+    finally:
+        sampler.stop()

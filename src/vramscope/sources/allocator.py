@@ -25,9 +25,21 @@ _STAT_KEYS = (
 )
 
 
+_cuda_available = False  # torch.cuda.is_available() said so once: it stays so
+
+
 def cuda_initialized() -> bool:
-    """True once the process has a CUDA context; vramscope never creates one itself."""
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
+    """True once the process has a CUDA context; vramscope never creates one itself.
+
+    Asked at phase boundaries until a device is found: ``is_initialized()`` (a flag) comes
+    first, and ``is_available()`` (tens of microseconds on a GPU host) is asked only then,
+    once for the process."""
+    global _cuda_available
+    if not torch.cuda.is_initialized():
+        return False
+    if not _cuda_available:
+        _cuda_available = torch.cuda.is_available()
+    return _cuda_available
 
 
 @dataclass(frozen=True)

@@ -55,13 +55,27 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return local if isinstance(local, torch.Tensor) else tensor
 
 
+# plain tensors, whose device is read from their flags: ``tensor.device`` makes a device
+# object (1 µs, a third of a storage's lookup); a subclass is asked for its device
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
+
+
+def _on_device(tensor: torch.Tensor, device_type: str) -> bool:
+    if type(tensor) in _PLAIN:
+        if device_type == "cuda":
+            return tensor.is_cuda
+        if device_type == "cpu":
+            return tensor.is_cpu
+    return tensor.device.type == device_type
+
+
 def _storage_on(tensor: torch.Tensor | None, device_type: str) -> torch.UntypedStorage | None:
     """The storage behind ``tensor`` when it lives on ``device_type`` (None otherwise, and
     for sparse or other layouts and tensor subclasses without a storage)."""
     if tensor is None:
         return None
     tensor = local_tensor(tensor)
-    if tensor.device.type != device_type or tensor.layout != torch.strided:
+    if not _on_device(tensor, device_type) or tensor.layout != torch.strided:
         return None
     try:
         return tensor.untyped_storage()
@@ -135,7 +149,11 @@ def _named_tensors(value: object, prefix: str = "") -> Iterator[tuple[str, torch
         yield prefix or "state", value
     elif isinstance(value, dict):
         for key, v in value.items():
-            yield from _named_tensors(v, f"{prefix}.{key}" if prefix else str(key))
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(v, torch.Tensor):  # (an optimizer's usual state: no generator each)
+                yield name or "state", v
+            else:
+                yield from _named_tensors(v, name)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             yield from _named_tensors(v, f"{prefix}.{i}" if prefix else str(i))
@@ -150,6 +168,38 @@ def storage_of(tensor: torch.Tensor | None, device_type: str) -> tuple[int, int]
     return (ptr, block_bytes(storage.nbytes(), device_type)) if ptr else None
 
 
+class _Storages:
+    """``storage_of`` for one count, each tensor looked up once: a count asks again for the
+    parameters and gradients of each optimizer (its state's own bytes). The tensors are held
+    while the count runs (so no id is reused meanwhile), and let go with it."""
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self._found: dict[int, tuple[torch.Tensor, tuple[int, int] | None]] = {}
+
+    def of(self, tensor: torch.Tensor) -> tuple[int, int] | None:
+        entry = self._found.get(id(tensor))
+        if entry is None:
+            entry = self._found[id(tensor)] = (tensor, storage_of(tensor, self.device_type))
+        return entry[1]
+
+
+def _categories(
+    models: Iterable[torch.nn.Module],
+    optimizers: Iterable[torch.optim.Optimizer],
+    storages: _Storages,
+) -> ObjectCategories:
+    seen: set[int] = set()
+    totals = dict.fromkeys(OBJECT_CATEGORIES, 0)
+    for tensor, category, _param, _key in object_tensors(models, optimizers):
+        found = storages.of(tensor)
+        if found is None or found[0] in seen:  # fake/meta tensors have no data pointer
+            continue
+        seen.add(found[0])
+        totals[category] += found[1]
+    return ObjectCategories(**totals)
+
+
 def object_categories(
     models: Iterable[torch.nn.Module],
     optimizers: Iterable[torch.optim.Optimizer],
@@ -157,15 +207,7 @@ def object_categories(
 ) -> ObjectCategories:
     """Bytes on ``device_type`` held by the models' parameters, buffers and gradients and
     the optimizers' state, each storage counted once, in the first category that holds it."""
-    seen: set[int] = set()
-    result = ObjectCategories()
-    for tensor, category, _param, _key in object_tensors(models, optimizers):
-        found = storage_of(tensor, device_type)
-        if found is None or found[0] in seen:  # fake/meta tensors have no data pointer
-            continue
-        seen.add(found[0])
-        setattr(result, category, getattr(result, category) + found[1])
-    return result
+    return _categories(models, optimizers, _Storages(device_type))
 
 
 # a new optimizer's state is counted after each of its first steps while it has none (a
@@ -193,14 +235,15 @@ class ObjectLedger:
         device_type: str,
     ) -> ObjectCategories:
         """Count now, keep the highest; returns what the objects hold now."""
-        now = object_categories(models, optimizers, device_type)
+        storages = _Storages(device_type)
+        now = _categories(models, optimizers, storages)
         seen = self.seen
         seen.parameters = max(seen.parameters, now.parameters)
         seen.buffers = max(seen.buffers, now.buffers)
         seen.gradients = max(seen.gradients, now.gradients)
         self.full_gradients = max(self.full_gradients, full_gradient_bytes(models, device_type))
         for opt in optimizers:
-            state = object_categories([], [opt], device_type).optimizer_state
+            state = _categories([], [opt], storages).optimizer_state
             if state:
                 self._state[id(opt)] = max(self._state.get(id(opt), 0), state)
         seen.optimizer_state = max(seen.optimizer_state, sum(self._state.values()))

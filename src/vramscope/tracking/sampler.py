@@ -91,14 +91,18 @@ class Sampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._last_at: float | None = None  # when the last sample was taken
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="vramscope-sampler", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        due = time.perf_counter()  # when the last sample was due (a regular grid)
-        sampled = False
+        # the first sample at once, unless one was just taken (the session takes its first
+        # before it starts the thread): the grid starts there
+        last = self._last_at
+        due = time.perf_counter() if last is None else last  # when the last one was due
+        sampled = last is not None
         while not self._stop.is_set():
             now = time.perf_counter()
             interval = self.interval_s  # may change while asleep (Session paces it)
@@ -118,7 +122,8 @@ class Sampler:
             self._stop.wait(max(0.0, due + self.interval_s - time.perf_counter()))
 
     def sample_now(self) -> Sample:
-        sample = self._read(time.perf_counter())
+        self._last_at = now = time.perf_counter()
+        sample = self._read(now)
         with self._lock:
             self.buffer.add(sample)
         if self._on_tick is not None:
