@@ -90,11 +90,21 @@ class TensorParallelLayout:
             "source": self.source,
             "family": self.family,
             "sequence_parallel": self.sequence_parallel,
-            "styles": {name: _style_name(style) for name, style in self.styles.items()},
+            "styles": _collapsed(self.styles),
             "sharded_modules": len(self.sharded),
             "replicated_modules": len(self.replicated),
             "notes": list(self.notes),
         }
+
+
+def _collapsed(styles: dict[str, Any]) -> dict[str, str]:
+    """Each style once per position in a block: ``layers.*.mlp.up_proj`` for all layers."""
+    import re
+
+    shown: dict[str, str] = {}
+    for name, style in styles.items():
+        shown.setdefault(re.sub(r"\.\d+\.", ".*.", f".{name}.").strip("."), _style_name(style))
+    return shown
 
 
 def _style_name(style: Any) -> str:

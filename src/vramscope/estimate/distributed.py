@@ -39,6 +39,7 @@ copies and write back in place: nothing on the device.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -339,8 +340,46 @@ def _gloo_buffers(tracer: RankTracer) -> Iterator[None]:
         for name in names
         if hasattr(dist, name)
     }
-    with _replaced(dist, **wrapped):
-        yield
+    # DTensor's redistributions (tensor parallel) call the functional collectives, which
+    # allocate their output and call the group: gloo's reduce-scatter copies the input
+    # (reduce_scatter_tensor_coalesced), its coalesced all-gather gathers into a flat
+    # tensor of the output's size, each alive until the output is waited on
+    pending: dict[int, int] = {}  # the output's storage -> gloo's block
+
+    def functional(mode: Any, name: str, tensor: Any, out: Any) -> None:
+        found = recorder()
+        if found is None or not on_device(out) or not on_device(tensor):
+            return
+        found.see(out, name)  # the output first, as the functional op makes it
+        if name.startswith("reduce_scatter"):
+            block = found.persistent(nbytes(tensor), "temporary", "gloo reduce_scatter copy")
+            what = "gloo_reduce_scatter_copy"
+        else:
+            found.transient(nbytes(tensor), "temporary", "gloo all_gather output record")
+            block = found.persistent(nbytes(out), "temporary", "gloo all_gather flat output")
+            what = "gloo_all_gather_flat"
+        if block is not None:
+            tracer.tags[block] = (what, "tensor parallel")
+            pending[out.untyped_storage()._cdata] = block
+
+    def waited(tensor: Any) -> None:
+        found = tracer.recorder
+        if found is None or not isinstance(tensor, torch.Tensor):
+            return
+        block = pending.pop(tensor.untyped_storage()._cdata, None)
+        if block is not None:
+            found.release(block)
+
+    from vramscope.estimate import cuda_rules
+
+    cuda_rules.COLLECTIVE_HOOKS.append(functional)
+    cuda_rules.WAIT_HOOKS.append(waited)
+    try:
+        with _replaced(dist, **wrapped):
+            yield
+    finally:
+        cuda_rules.COLLECTIVE_HOOKS.remove(functional)
+        cuda_rules.WAIT_HOOKS.remove(waited)
 
 
 # ---- one rank, traced -------------------------------------------------------------------------
@@ -456,7 +495,11 @@ class RankTracer:
             fake_process_group(self.plan.world_size, self.plan.rank),
             _unrecorded_propagation(self),
             _gloo_buffers(self) if self.plan.backend == "gloo" else contextlib.nullcontext(),
+            warnings.catch_warnings(),
         ):
+            # FSDP2 warns when the root's output is a view (tensor parallel's gathered
+            # logits are): about in-place ops the standard step does not do
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
             if self.plan.sharded:
                 with _fsdp_tags(self), _chunks_on_demand():
                     yield
