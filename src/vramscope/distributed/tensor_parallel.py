@@ -98,12 +98,14 @@ class TensorParallelLayout:
 
 
 def _collapsed(styles: dict[str, Any]) -> dict[str, str]:
-    """Each style once per position in a block: ``layers.*.mlp.up_proj`` for all layers."""
+    """Each style once per position in a block: ``layers.*.mlp.up_proj`` for all layers
+    (the first index in a name is the block's)."""
     import re
 
     shown: dict[str, str] = {}
     for name, style in styles.items():
-        shown.setdefault(re.sub(r"\.\d+\.", ".*.", f".{name}.").strip("."), _style_name(style))
+        key = re.sub(r"(?<=\.)\d+(?=\.)", "*", name, count=1)
+        shown.setdefault(key, _style_name(style))
     return shown
 
 

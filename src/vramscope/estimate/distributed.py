@@ -491,6 +491,7 @@ class RankTracer:
     def running(self) -> Iterator[None]:
         """The fake process group of this rank, DTensor's shape propagation unrecorded and
         FSDP's buffers tagged."""
+        _forget_other_ranks()
         with (
             fake_process_group(self.plan.world_size, self.plan.rank),
             _unrecorded_propagation(self),
@@ -505,6 +506,29 @@ class RankTracer:
                     yield
             else:
                 yield
+
+
+def _forget_other_ranks() -> None:
+    """DTensor caches, for a process that is one rank of one job for good, how to
+    redistribute from one layout to another (worked out from this rank's coordinates in the
+    mesh: uneven shards differ by rank) and each op's output layout (on a mesh whose groups
+    are this job's): another rank, or another job, traced in the same process works them
+    out again."""
+    try:
+        from torch.distributed.tensor import DTensor, _redistribute
+    except ImportError:
+        return
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    for cached in (
+        getattr(_redistribute, "_gen_transform_infos", None),
+        getattr(propagator, "propagate_op_sharding", None),
+        getattr(propagator, "_propagate_tensor_meta_cached", None),
+    ):
+        if callable(getattr(cached, "cache_clear", None)):
+            cached.cache_clear()
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native is not None:  # the C++ dispatch's own copy of the propagator's cache
+        native()
 
 
 class _Chunks(Sequence):
@@ -1086,10 +1110,32 @@ def _attach(report: Report, plan: ParallelPlan, section: dict[str, Any], trace: 
     """The per-rank report: its ``distributed`` section, the job in its workload, findings."""
     report.workload["world_size"] = plan.world_size
     report.workload["strategy"] = plan.strategy
+    if plan.tensor_parallel:
+        report.workload["tp"] = plan.tp
     report.extra["distributed"] = section
     findings = []
     rank = section["rank"]
-    if section.get("ranks_differ"):
+    roles = section.get("roles") or []
+    if len(roles) > 1 and "differences" not in section:
+        shown = "; ".join(
+            f"ranks {r['ranks']}"
+            + (
+                f" {format_bytes(r['peak']['allocated_bytes'])} allocated"
+                if r.get("peak")
+                else ""
+            )
+            for r in roles[:4]
+        )
+        findings.append(
+            Finding(
+                "ranks_differ",
+                "info",
+                f"ranks differ in what tensor parallel gives them (a dimension that does not "
+                f"divide by --tp: torch.chunk's shares, the last ranks smaller): {shown}; this "
+                f"report is rank {rank}'s, the most loaded",
+            )
+        )
+    if section.get("differences"):
         diff = section["differences"]
         state = diff["optimizer_state_bytes"]
         findings.append(
