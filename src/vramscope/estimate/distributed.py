@@ -1119,11 +1119,7 @@ def _attach(report: Report, plan: ParallelPlan, section: dict[str, Any], trace: 
     if len(roles) > 1 and "differences" not in section:
         shown = "; ".join(
             f"ranks {r['ranks']}"
-            + (
-                f" {format_bytes(r['peak']['allocated_bytes'])} allocated"
-                if r.get("peak")
-                else ""
-            )
+            + (f" {format_bytes(r['peak']['allocated_bytes'])} allocated" if r.get("peak") else "")
             for r in roles[:4]
         )
         findings.append(
