@@ -1,4 +1,4 @@
-"""Per-rank estimates against a measured job: two ranks sharing one GPU over gloo.
+"""Per-rank estimates against a measured job: two (or four) ranks sharing one GPU over gloo.
 
 Usage (on a machine with a CUDA GPU):
     python benchmarks/distributed_accuracy.py [--gpu h200] [--cases NAME,...] [--steps 3]
@@ -23,7 +23,18 @@ For each case (a workload, a batch size per GPU, a precision, a strategy) it
 * prints and writes, per rank, estimated against measured peak allocated, reserved and
   device used.
 
-Targets (issue 15): per rank, allocated within 3 %, reserved within 5 %.
+Tensor parallel (``tp`` in a case's settings): the job is ``tp`` ranks, or ``tp`` × 2 with a
+data-parallel strategy (TP × FSDP 2 × 2: four ranks on the one GPU); each rank applies the
+same plan with ``apply_plan`` (``parallelize_module``, then ``fully_shard`` on the 2-D
+mesh). The estimate traces one rank per role (``distributed.roles``) and each rank is
+compared with its role's row. The ``*-own-plan`` cases use ``benchmarks/tp_workloads.py``'s
+plan, whose collectives are all-reduces alone (gloo runs those for CUDA tensors through
+host copies); the default plan's sequence parallel all-gathers and reduce-scatters with
+torch's functional collectives, whose coalesced all-gather gloo may not run on CUDA tensors
+(such a case is recorded as failed to measure). The tensor-parallel cases alone:
+    python benchmarks/distributed_accuracy.py --cases tp --out benchmarks/results/distributed_accuracy_tp_h200.json
+
+Targets (issue 15, issue 33): per rank, allocated within 3 %, reserved within 5 %.
 ``--cases`` picks cases by name (see CASES); ``hf:`` cases need transformers. The results
 are written after every case (``"complete": false`` until the last), so a run cut short
 keeps what it measured. ``--measured FILE`` keeps FILE's measured fields and its meta, and
@@ -54,7 +65,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TARGET_ALLOCATED_PCT, TARGET_RESERVED_PCT = 3.0, 5.0
-WORLD = 2
+WORLD = 2  # ranks of a data-parallel case (a tensor-parallel one: tp, or tp × 2)
+TP_WORKLOADS = f"{HERE / 'tp_workloads.py'}"
 BACKEND = "gloo"  # the measured job's, and so the estimate's
 SHARDED = ("fsdp", "hsdp", "zero2")
 
@@ -73,8 +85,43 @@ CASES: dict[str, tuple[str, int, str, str, dict]] = {
     ),
     "gpt2-zero1": ("hf:gpt2/seq=1024", 8, "bf16-mixed", "zero1", {}),
     "gpt2-zero2": ("hf:gpt2/seq=1024", 8, "bf16-mixed", "zero2", {}),
+    # tensor parallel ("none": no data parallel, every rank in the tensor-parallel group)
+    "llama-tp2-own-plan": (f"{TP_WORKLOADS}:llama_blocks", 16, "32-true", "none", {"tp": 2}),
+    "llama-tp2-fsdp2-own-plan": (
+        f"{TP_WORKLOADS}:llama_blocks",
+        16,
+        "32-true",
+        "fsdp",
+        {"tp": 2},
+    ),
+    "example-llama-tp2": ("example:llama", 16, "32-true", "none", {"tp": 2}),
+    "example-llama-tp2-no-sp": (
+        "example:llama",
+        16,
+        "32-true",
+        "none",
+        {"tp": 2, "sequence_parallel": False},
+    ),
+    "example-llama-tp2-fsdp2": ("example:llama", 16, "32-true", "fsdp", {"tp": 2}),
 }
-TARGET_CASES = ("example-gpt-ddp", "example-gpt-fsdp", "gpt2-ddp", "gpt2-fsdp")
+TARGET_CASES = (
+    "example-gpt-ddp",
+    "example-gpt-fsdp",
+    "gpt2-ddp",
+    "gpt2-fsdp",
+    "llama-tp2-own-plan",
+    "llama-tp2-fsdp2-own-plan",
+)
+# --cases tp: the tensor-parallel cases
+GROUPS = {"tp": tuple(name for name, case in CASES.items() if case[4].get("tp", 1) > 1)}
+
+
+def world_of(case: tuple) -> int:
+    """The case's ranks: 2 for data parallel; tp, or tp × 2 with a data-parallel strategy."""
+    tp = case[4].get("tp", 1)
+    if tp == 1:
+        return WORLD
+    return tp if case[3] == "none" else tp * WORLD
 
 
 # ---- one rank of the measured job (run by torchrun through `vramscope run --nproc`) ----------
@@ -105,7 +152,7 @@ def rank_job(args: argparse.Namespace) -> int:
     # the workload as built keeps its optimizer, over the parameters before sharding: kept,
     # a sharded job holds the whole model on the device besides its shards
     workload = applied.workload
-    if plan.sharded and device.type == "cuda":
+    if (plan.sharded or plan.tensor_parallel) and device.type == "cuda":
         torch.cuda.empty_cache()  # the whole model built before sharding: released
     runner = StepRunner(applied.workload, device)
     for _ in range(args.steps):
@@ -134,7 +181,7 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
         "vramscope",
         "run",
         "--nproc",
-        str(WORLD),
+        str(world_of(case)),
         "-q",
         "--json",
         str(out / "job.json"),
@@ -187,21 +234,40 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
 
 
 def estimate_ranks(case: tuple, gpu: str) -> dict:
-    """Each rank's estimate of the case's job, over gloo as it is measured."""
+    """Each rank's estimate of the case's job, over gloo as it is measured: the estimate
+    traces a rank of each role and each rank takes its role's peaks (a rank whose role was
+    not traced is estimated as itself)."""
     from vramscope.distributed.sharding import ParallelPlan
     from vramscope.estimate.estimator import estimate
 
     spec, batch, precision, strategy, settings = case
-    ranks = {}
+    world = world_of(case)
+    ranks: dict[int, dict] = {}
     seconds = []
-    for rank in range(WORLD):
-        plan = ParallelPlan(strategy, WORLD, rank=rank, backend=BACKEND, **settings)
+    for rank in range(world):
+        if rank in ranks:
+            continue
+        plan = ParallelPlan(strategy, world, rank=rank, backend=BACKEND, **settings)
         report = estimate(spec, batch, gpu=gpu, precision=precision, parallel=plan)
         job = report.extra["distributed"]
-        row = next(r for r in job["traced_ranks"] if r["rank"] == rank)
-        ranks[rank] = {**row["peak"], "nccl_bytes": job["communicator_bytes"]}
         seconds.append(report.extra["estimate"]["seconds"])
+        for row in job["traced_ranks"]:
+            ranks[row["rank"]] = {**row["peak"], "nccl_bytes": job["communicator_bytes"]}
+        for role in job.get("roles") or []:
+            if role.get("peak") is None:
+                continue
+            for member in _members(role["ranks"]):
+                ranks.setdefault(member, {**role["peak"], "nccl_bytes": job["communicator_bytes"]})
     return {"ranks": ranks, "seconds": seconds}
+
+
+def _members(ranges: str) -> list[int]:
+    """The ranks of ``0-3, 8``."""
+    found = []
+    for part in ranges.split(", "):
+        first, _, last = part.partition("-")
+        found.extend(range(int(first), int(last or first) + 1))
+    return found
 
 
 def built_parameter_bytes(spec: str) -> int:
@@ -236,6 +302,7 @@ def say(text: str) -> None:
 
 def case_names(args: argparse.Namespace) -> list[str] | None:
     names = [n.strip() for n in args.cases.split(",")] if args.cases else list(CASES)
+    names = [m for n in names for m in GROUPS.get(n, (n,))]
     unknown = [n for n in names if n not in CASES]
     if unknown:
         print(f"unknown case {unknown[0]!r}; cases: {', '.join(CASES)}", file=sys.stderr)
@@ -245,8 +312,9 @@ def case_names(args: argparse.Namespace) -> list[str] | None:
 
 def header(device_name: str, steps: int, gpu: str) -> None:
     say(
-        f"per-rank estimate vs a measured job: {WORLD} ranks on one {device_name} over "
-        f"{BACKEND}, {steps} steps; estimates for --gpu {gpu}, over {BACKEND}"
+        f"per-rank estimate vs a measured job: {WORLD} ranks (tensor parallel: tp, or tp × "
+        f"{WORLD}) on one {device_name} over {BACKEND}, {steps} steps; estimates for --gpu "
+        f"{gpu}, over {BACKEND}"
     )
     say(
         f"{'case':24s} {'rank':>4s} {'measured alloc':>15s} {'alloc err':>9s} "
@@ -262,7 +330,7 @@ def compare_case(
     built, in a run that kept them), taken out of measured allocated for ``alloc err+``."""
     spec, batch, precision, strategy, settings = CASES[name]
     rows = []
-    for rank in range(WORLD):
+    for rank in range(world_of(CASES[name])):
         m = measured["ranks"].get(rank) or measured["ranks"].get(str(rank))
         e = estimated["ranks"][rank]
         errs = {
@@ -290,12 +358,13 @@ def compare_case(
         )
     done = {
         "case": name,
-        "workload": spec,
+        "workload": spec.replace(f"{ROOT}/", ""),  # no paths of this machine in the results
         "batch_size": batch,
         "precision": precision,
         "strategy": strategy,
         "settings": settings,
         "backend": BACKEND,
+        "world_size": world_of(CASES[name]),
         "target_case": name in TARGET_CASES,
         "ranks": rows,
         "measure_seconds": measure_seconds,

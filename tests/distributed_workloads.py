@@ -81,3 +81,55 @@ def chain(batch_size: int, device: torch.device) -> vramscope.Workload:
     """ZeroRedundancyOptimizer over 2 ranks gives rank 0 the 10,000 and rank 1 both 6,000s:
     rank 1 is the heaviest."""
     return _workload(Chain(), batch_size, 100, 100, device)
+
+
+def _llama_workload(model: nn.Module, batch_size: int, device, plan=None) -> vramscope.Workload:
+    model = model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    vocab = model.embed_tokens.num_embeddings
+
+    def batch():
+        tokens = torch.randint(0, vocab, (batch_size, model.seq + 1), device=device)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def loss(model, idx, target):
+        logits = model(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    return vramscope.Workload(
+        model=model, optimizer=opt, batch=batch, loss=loss, tensor_parallel_plan=plan
+    )
+
+
+def llama(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """example:llama's layers, small: vocabulary 512, width 64, 2 layers of 4 heads, MLP 176,
+    32 tokens; every dimension divides by 2 and 4."""
+    from vramscope.examples import ExampleLlama
+
+    return _llama_workload(ExampleLlama(512, 64, 2, 4, 176, 32), batch_size, device)
+
+
+def llama_odd_vocab(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """The same with a vocabulary of 511 tokens: over 3 ranks the embedding and the head
+    split 171, 171 and 169 rows, so the last rank holds less."""
+    from vramscope.examples import ExampleLlama
+
+    return _llama_workload(ExampleLlama(511, 66, 2, 3, 171, 33), batch_size, device)
+
+
+def llama_own_plan(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """The small llama with its own plan: only the MLPs split (whole attention, norms,
+    embedding and head), the optimizer's for-loop step (plain and DTensor parameters
+    mixed)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from vramscope.examples import ExampleLlama
+
+    plan = {
+        "layers.*.mlp.gate_proj": ColwiseParallel(),
+        "layers.*.mlp.up_proj": ColwiseParallel(),
+        "layers.*.mlp.down_proj": RowwiseParallel(),
+    }
+    workload = _llama_workload(ExampleLlama(512, 64, 2, 4, 176, 32), batch_size, device, plan)
+    workload.optimizer = torch.optim.AdamW(workload.model.parameters(), lr=1e-3, foreach=False)
+    return workload

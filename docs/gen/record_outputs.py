@@ -100,6 +100,23 @@ RECORDINGS = (
             "fsdp",
         ),
     ),
+    Recording(
+        "estimate-tp",
+        (
+            "estimate",
+            "example:llama",
+            "--gpu",
+            "h100-80gb",
+            "-b",
+            "8",
+            "--world-size",
+            "16",
+            "--strategy",
+            "fsdp",
+            "--tp",
+            "4",
+        ),
+    ),
     Recording("fit", ("fit", "example:gpt", "--gpu", "rtx4090")),
     Recording(
         "fit-plans",

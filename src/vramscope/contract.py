@@ -53,6 +53,7 @@ class Workload:
     step: Callable[[], Any] | None = None
     name: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    tensor_parallel_plan: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.precision = normalize_precision(self.precision)

@@ -1,8 +1,11 @@
-"""The built-in example workloads, pure torch: ``example:cnn`` and ``example:gpt``.
+"""The built-in example workloads, pure torch: ``example:cnn``, ``example:gpt`` and
+``example:llama``.
 
 Small enough to run on a laptop CPU in seconds, shaped like the real thing (a residual
 conv net with BatchNorm; a GPT with causal scaled-dot-product attention and tied
-embeddings) so that every part of a report has something to show.
+embeddings; a Llama with RMSNorm, separate query/key/value projections and a gated MLP,
+written so that tensor parallel can split its heads) so that every part of a report has
+something to show.
 """
 
 from __future__ import annotations
@@ -143,6 +146,93 @@ def build_gpt(batch_size: int, device: torch.device) -> Workload:
     return Workload(model=model, optimizer=opt, batch=batch, loss=loss, name="example:gpt")
 
 
-BUILDERS = {"cnn": build_cnn, "gpt": build_gpt}
+class LlamaAttention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.head_dim = dim // heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallel each rank projects its share of them
+        q, k, v = (
+            proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(dim)
+        self.self_attn = LlamaAttention(dim, heads)
+        self.post_attention_layernorm = nn.RMSNorm(dim)
+        self.mlp = LlamaMLP(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class ExampleLlama(nn.Module):
+    """A Llama-shaped language model (pre-norm RMSNorm layers, SwiGLU MLP, untied head)."""
+
+    def __init__(
+        self,
+        vocab: int = 8192,
+        dim: int = 512,
+        layers: int = 4,
+        heads: int = 8,
+        hidden: int = 1408,
+        seq: int = 256,
+    ) -> None:
+        super().__init__()
+        self.seq = seq
+        self.embed_tokens = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(LlamaLayer(dim, heads, hidden) for _ in range(layers))
+        self.norm = nn.RMSNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+def build_llama(batch_size: int, device: torch.device) -> Workload:
+    """``example:llama``: ExampleLlama on random tokens, AdamW."""
+    model = ExampleLlama().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.randint(0, 8192, (batch_size, model.seq + 1), generator=generator).to(device)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def loss(model: nn.Module, idx: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = model(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    return Workload(model=model, optimizer=opt, batch=batch, loss=loss, name="example:llama")
+
+
+BUILDERS = {"cnn": build_cnn, "gpt": build_gpt, "llama": build_llama}
 # Batch sizes the demo uses: small on a CPU, a real load on a GPU.
 DEMO_BATCH = {"cnn": {"cpu": 16, "cuda": 256}, "gpt": {"cpu": 4, "cuda": 32}}

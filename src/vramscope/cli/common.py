@@ -310,6 +310,22 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             help="The process group's backend (default nccl): gloo adds no NCCL buffers but "
             "copies each reduce-scatter input on the device.",
         ),
+        click.option(
+            "--tp",
+            type=int,
+            help="Tensor parallel over groups of this many ranks (parallelize_module: the "
+            "workload's tensor_parallel_plan, or the default plan for Llama-like and "
+            "GPT-like blocks); --strategy applies over the remaining ranks.",
+        ),
+        click.option(
+            "--sequence-parallel/--no-sequence-parallel",
+            default=None,
+            help="With --tp: split the activations between the blocks' attention and MLP "
+            "along the sequence (SequenceParallel; default: where the model allows it).",
+        ),
+        click.option("--pp", type=int, help="Pipeline stages (not yet supported)."),
+        click.option("--cp", type=int, help="Context-parallel ranks (not yet supported)."),
+        click.option("--ep", type=int, help="Expert-parallel ranks (not yet supported)."),
     ]
     names = (
         "world_size",
@@ -323,21 +339,34 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
         "bucket_cap_mb",
         "gradient_as_bucket_view",
         "backend",
+        "tp",
+        "sequence_parallel",
+        "pp",
+        "cp",
+        "ep",
     )
 
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
         given = {name: kwargs.pop(name) for name in names}
-        if given["backend"] is None:
-            del given["backend"]  # the plan's default
-        each = each_strategy and given["world_size"] is not None and given["strategy"] is None
+        for name in ("backend", "tp", "pp", "cp", "ep"):
+            if given[name] is None:
+                del given[name]  # the plan's default
+        tp = given.get("tp", 1)
+        each = (
+            each_strategy
+            and given["world_size"] is not None
+            and given["strategy"] is None
+            and (tp == 1 or given["world_size"] != tp)
+        )
         if each:
             from vramscope.distributed.sharding import ParallelPlan
 
             # the settings of every strategy compared; each row keeps those it takes
             settings = {k: v for k, v in given.items() if k not in ("world_size", "strategy")}
             base = ParallelPlan(strategy="fsdp", world_size=given["world_size"], **settings)
-            base.with_strategy("ddp").check()  # the world size and DDP's settings
+            # the world size and DDP's settings (with --tp, FSDP's: DDP does not take it)
+            base.with_strategy("ddp" if tp == 1 else "fsdp").check()
             kwargs["parallel"] = base
             kwargs["parallel_each"] = True
         else:
@@ -369,10 +398,13 @@ def parallel_plan(
         raise VramscopeError(
             f"--strategy {strategy} needs --world-size N: how many GPUs the job has"
         )
+    from vramscope.distributed.sharding import NO_DATA_PARALLEL, ParallelPlan
+
     if strategy is None:
-        raise VramscopeError(
-            f"--world-size {world_size} needs --strategy: ddp, fsdp, hsdp, zero1 or zero2"
-        )
-    from vramscope.distributed.sharding import ParallelPlan
+        if settings.get("tp", 1) == 1:
+            raise VramscopeError(
+                f"--world-size {world_size} needs --strategy: ddp, fsdp, hsdp, zero1 or zero2"
+            )
+        strategy = NO_DATA_PARALLEL  # check() says when ranks are left for data parallel
 
     return ParallelPlan(strategy=strategy, world_size=world_size, **settings).check()

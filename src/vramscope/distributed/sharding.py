@@ -28,6 +28,14 @@ What each strategy is, in torch's terms:
 The collectives run over ``backend``: ``nccl`` (the default) or ``gloo``, which moves CUDA
 tensors through host memory and copies each reduce-scatter input on the device
 (:mod:`vramscope.estimate.distributed` says what each costs).
+
+A plan is a device mesh: ``tp`` ranks of tensor parallel (innermost: the ranks of one
+group are consecutive, as on one node), the data-parallel strategy over what remains
+(``dp_size`` = world size / tp). Tensor parallel (and sequence parallel) is applied first,
+with torch's ``parallelize_module`` (:mod:`vramscope.distributed.tensor_parallel`), then
+FSDP2 over the data-parallel dimension of the same mesh: a 2-D job. Pipeline, context and
+expert parallel (``pp``, ``cp``, ``ep``) are named so that a plan can say so, and refused
+(:data:`NOT_YET`).
 """
 
 from __future__ import annotations
@@ -42,7 +50,9 @@ from vramscope.errors import VramscopeError
 from vramscope.workload import Workload
 
 STRATEGY_NAMES = ("ddp", "fsdp", "hsdp", "zero1", "zero2")
+NO_DATA_PARALLEL = "none"  # every rank in the tensor-parallel group: no data parallel
 DESCRIPTIONS = {
+    NO_DATA_PARALLEL: "no data parallel: every rank is one of the tensor-parallel group",
     "ddp": "DistributedDataParallel: the whole model on every rank, plus gradient buckets",
     "zero1": "DDP with ZeroRedundancyOptimizer: optimizer state partitioned",
     "zero2": "fully_shard, parameters kept gathered through backward: gradients and "
@@ -56,6 +66,13 @@ DEFAULT_SHARD_SIZE = 8  # HSDP: one node of 8 GPUs
 DEFAULT_BUCKET_CAP_MB = 25.0  # DistributedDataParallel's bucket_cap_mb
 BACKENDS = ("nccl", "gloo")  # the process group's backend for CUDA tensors
 MAX_WORLD_SIZE = 1 << 20
+# the mesh's dimensions, outermost first: a rank's coordinates follow from its number so
+# (``ParallelPlan.coordinates``); tensor parallel is innermost, within a node
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+# dimensions of the mesh named on the command line that the estimator does not apply yet
+NOT_YET = {"pp": "pipeline", "cp": "context", "ep": "expert"}
+# strategies that run with tensor parallel on the same mesh (FSDP2 over its dp dimension)
+WITH_TENSOR_PARALLEL = ("fsdp", "hsdp", "zero2", NO_DATA_PARALLEL)
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,13 @@ class ParallelPlan:
     gradient_as_bucket_view: bool = False
     shard_module: str | None = None  # the class fully_shard is applied to
     backend: str = "nccl"  # the process group's backend: nccl or gloo
+    tp: int = 1  # tensor-parallel ranks (the mesh's innermost dimension)
+    # with tp: the activations between the blocks' attention and MLP split along the
+    # sequence (SequenceParallel); None: where the model allows it (tensor_parallel)
+    sequence_parallel: bool | None = None
+    pp: int = 1  # pipeline stages (not yet applied: check() says so)
+    cp: int = 1  # context-parallel ranks (not yet applied)
+    ep: int = 1  # expert-parallel ranks (not yet applied)
 
     @property
     def sharded(self) -> bool:
@@ -82,15 +106,53 @@ class ParallelPlan:
         return self.strategy in SHARDED
 
     @property
+    def dp_size(self) -> int:
+        """Ranks of the data-parallel dimension: the world over the other dimensions."""
+        return max(1, self.world_size // (self.tp * self.pp * self.cp))
+
+    @property
+    def tensor_parallel(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index in the data-parallel dimension."""
+        return self.coordinates()["dp"]
+
+    @property
+    def tp_rank(self) -> int:
+        """This rank's index in its tensor-parallel group."""
+        return self.coordinates()["tp"]
+
+    def coordinates(self, rank: int | None = None) -> dict[str, int]:
+        """``rank``'s (this plan's rank's) index in each dimension of the mesh
+        (:data:`MESH_DIMS`, outermost first, row-major as ``init_device_mesh`` numbers)."""
+        rank = self.rank if rank is None else rank
+        sizes = {"pp": self.pp, "dp": self.dp_size, "cp": self.cp, "tp": self.tp}
+        found: dict[str, int] = {}
+        for name in reversed(MESH_DIMS):
+            found[name] = rank % sizes[name]
+            rank //= sizes[name]
+        return {name: found[name] for name in MESH_DIMS}
+
+    def rank_at(self, **coordinates: int) -> int:
+        """The rank at these coordinates (the others 0)."""
+        sizes = {"pp": self.pp, "dp": self.dp_size, "cp": self.cp, "tp": self.tp}
+        rank = 0
+        for name in MESH_DIMS:
+            rank = rank * sizes[name] + coordinates.get(name, 0)
+        return rank
+
+    @property
     def shard_group_size(self) -> int:
         """Ranks that share one copy of the model state: its shards."""
         if self.strategy == "hsdp":
             return self.shard_size or DEFAULT_SHARD_SIZE
-        return self.world_size if self.sharded else 1
+        return self.dp_size if self.sharded else 1
 
     @property
     def replicate_size(self) -> int:
-        return self.world_size // self.shard_group_size if self.sharded else self.world_size
+        return self.dp_size // self.shard_group_size if self.sharded else self.dp_size
 
     @property
     def resharding(self) -> bool:
@@ -128,10 +190,20 @@ class ParallelPlan:
         """Raise a one-line VramscopeError for a plan torch would refuse or that means
         nothing; return the plan."""
         s = self.strategy
-        if s not in STRATEGY_NAMES:
+        if s not in (*STRATEGY_NAMES, NO_DATA_PARALLEL):
             raise VramscopeError(
                 f"unknown --strategy {s!r}; use one of {', '.join(STRATEGY_NAMES)}"
             )
+        for name in ("tp", "pp", "cp", "ep"):
+            size = getattr(self, name)
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise VramscopeError(f"--{name} must be a whole number of 1 or more, not {size!r}")
+        for name, kind in NOT_YET.items():
+            if getattr(self, name) > 1:
+                raise VramscopeError(
+                    f"--{name} {getattr(self, name)}: {kind} parallel is not yet supported by "
+                    "the estimator (tensor parallel --tp and data parallel --strategy are)"
+                )
         n = self.world_size
         if not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= MAX_WORLD_SIZE:
             raise VramscopeError(
@@ -140,17 +212,45 @@ class ParallelPlan:
             )
         if not 0 <= self.rank < n:
             raise VramscopeError(f"rank {self.rank} is not in a world of {n} ranks")
+        if n % self.tp:
+            raise VramscopeError(
+                f"--tp {self.tp} does not divide --world-size {n}: the world is tensor-parallel "
+                "groups of --tp ranks times the data-parallel ranks"
+            )
+        dp = self.dp_size
+        if s == NO_DATA_PARALLEL:
+            if dp > 1:
+                raise VramscopeError(
+                    f"--world-size {n} with --tp {self.tp} leaves {dp} data-parallel ranks: "
+                    "give --strategy (fsdp, hsdp or zero2)"
+                )
+        elif self.tensor_parallel:
+            if dp == 1:
+                raise VramscopeError(
+                    f"--tp {self.tp} takes all {n} ranks: no data-parallel ranks are left for "
+                    f"--strategy {s} (leave --strategy out)"
+                )
+            if s not in WITH_TENSOR_PARALLEL:
+                raise VramscopeError(
+                    f"--strategy {s} with --tp is not yet supported (DDP over tensor-parallel "
+                    "DTensor parameters); use --strategy fsdp, hsdp or zero2 with --tp"
+                )
+        if self.sequence_parallel is not None and not self.tensor_parallel:
+            flag = "--sequence-parallel" if self.sequence_parallel else "--no-sequence-parallel"
+            raise VramscopeError(f"{flag} applies with --tp (tensor parallel)")
         if s == "hsdp":
+            n = dp
             size = self.shard_group_size
+            what = "world size" if not self.tensor_parallel else "data-parallel size"
             if self.shard_size is None and (n <= size or n % size):
                 raise VramscopeError(
                     f"--strategy hsdp shards within groups of --shard-size ranks and "
                     f"replicates across them; the default, {DEFAULT_SHARD_SIZE} (one node), "
-                    f"does not split a world of {n}: give --shard-size"
+                    f"does not split a {what} of {n}: give --shard-size"
                 )
             if not 2 <= size < n or n % size:
                 raise VramscopeError(
-                    f"--shard-size {size} must divide the world size {n} and be from 2 to "
+                    f"--shard-size {size} must divide the {what} {n} and be from 2 to "
                     f"{n // 2} (a shard group of {n} ranks is --strategy fsdp)"
                 )
         elif self.shard_size is not None:
@@ -196,8 +296,19 @@ class ParallelPlan:
         return self
 
     def describe(self) -> str:
-        """``fsdp over 64 ranks`` with its non-default settings, in a few words."""
-        words = [f"{self.strategy} over {self.world_size} ranks"]
+        """``fsdp over 64 ranks`` with its non-default settings, in a few words; with tensor
+        parallel ``fsdp over 8 × tensor parallel 8 (64 ranks)``."""
+        if not self.tensor_parallel:
+            words = [f"{self.strategy} over {self.world_size} ranks"]
+        elif self.strategy == NO_DATA_PARALLEL:
+            words = [f"tensor parallel over {self.world_size} ranks"]
+        else:
+            words = [
+                f"{self.strategy} over {self.dp_size} × tensor parallel {self.tp} "
+                f"({self.world_size} ranks)"
+            ]
+        if self.tensor_parallel and self.sequence_parallel is not None:
+            words.append(f"sequence parallel {'on' if self.sequence_parallel else 'off'}")
         if self.strategy == "hsdp":
             words.append(f"shard groups of {self.shard_group_size}, {self.replicate_size} replicas")
         if self.sharded:
@@ -222,6 +333,7 @@ class ParallelPlan:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(
+            dp_size=self.dp_size,
             shard_group_size=self.shard_group_size,
             replicate_size=self.replicate_size,
             reshard_after_forward=self.resharding if self.sharded else None,
@@ -269,6 +381,27 @@ class Applied:
     groups: int  # FSDP groups (0 for DDP)
     ddp: torch.nn.Module | None = None
     zero: Any = None  # the ZeroRedundancyOptimizer, for zero1
+    tensor_parallel: Any = None  # the TensorParallelLayout applied, with tp
+    mesh: Any = None  # the DeviceMesh (None for DDP and ZeRO-1)
+
+
+def device_mesh(plan: ParallelPlan, device_type: str) -> Any:
+    """The job's DeviceMesh, ``init_device_mesh`` over the plan's dimensions: data parallel
+    (``dp``, or HSDP's ``replicate`` and ``shard``) and tensor parallel (``tp``, innermost)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape: list[int] = []
+    names: list[str] = []
+    if plan.strategy == "hsdp":
+        shape += [plan.replicate_size, plan.shard_group_size]
+        names += ["replicate", "shard"]
+    elif plan.dp_size > 1:
+        shape.append(plan.dp_size)
+        names.append("dp")
+    if plan.tensor_parallel:
+        shape.append(plan.tp)
+        names.append("tp")
+    return init_device_mesh(device_type, tuple(shape), mesh_dim_names=tuple(names))
 
 
 def apply_plan(
@@ -279,13 +412,37 @@ def apply_plan(
     pin_memory: bool = True,
     ddp_kwargs: dict[str, Any] | None = None,
 ) -> Applied:
-    """Apply ``plan`` to a built ``workload`` on ``device`` (a process group must exist).
-    Use the returned workload only: for FSDP2 the optimizer is rebuilt over the sharded
-    parameters, and ``workload``'s own optimizer still holds the whole parameters as built
-    (on the device until it is dropped)."""
+    """Apply ``plan`` to a built ``workload`` on ``device`` (a process group must exist):
+    tensor parallel first (``parallelize_module`` on the mesh's ``tp`` dimension), then the
+    data-parallel strategy. Use the returned workload only: for FSDP2 and tensor parallel
+    the optimizer is rebuilt over the new parameters, and ``workload``'s own optimizer still
+    holds the whole parameters as built (on the device until it is dropped)."""
+    if not plan.sharded and not plan.tensor_parallel:
+        return _apply_ddp(workload, plan, device, ddp_kwargs or {})
+    model = workload.model
+    names = {id(p): n for n, p in model.named_parameters()}
+    mesh = device_mesh(plan, device.type)
+    layout = None
+    if plan.tensor_parallel:
+        from vramscope.distributed.tensor_parallel import apply_tensor_parallel
+
+        layout = apply_tensor_parallel(
+            model, mesh["tp"], workload.tensor_parallel_plan, plan.sequence_parallel
+        )
+    units: list[str] = []
+    unit_class = None
+    groups = 0
     if plan.sharded:
-        return _apply_fsdp(workload, plan, device, pin_memory)
-    return _apply_ddp(workload, plan, device, ddp_kwargs or {})
+        units, unit_class = _apply_fsdp(model, plan, mesh, pin_memory)
+        groups = len(units) + 1
+    optimizer = workload.optimizer
+    if optimizer is not None:
+        optimizer = type(optimizer)(
+            _param_groups(optimizer, (names, dict(model.named_parameters()))),
+            **_constructor_defaults(optimizer),
+        )
+    done = replace(workload, model=model, optimizer=optimizer)
+    return Applied(done, units, unit_class, groups, tensor_parallel=layout, mesh=mesh)
 
 
 def _apply_ddp(
@@ -318,22 +475,14 @@ def _apply_ddp(
 
 
 def _apply_fsdp(
-    workload: Workload, plan: ParallelPlan, device: torch.device, pin_memory: bool
-) -> Applied:
-    from torch.distributed.device_mesh import init_device_mesh
+    model: torch.nn.Module, plan: ParallelPlan, mesh: Any, pin_memory: bool
+) -> tuple[list[str], str | None]:
+    """``fully_shard`` on each unit, then on the root, over the mesh's data-parallel
+    dimension(s); the units' names and class."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    model = workload.model
-    names = {id(p): n for n, p in model.named_parameters()}
-    if plan.strategy == "hsdp":
-        mesh = init_device_mesh(
-            device.type,
-            (plan.replicate_size, plan.shard_group_size),
-            mesh_dim_names=("replicate", "shard"),
-        )
-    else:
-        mesh = init_device_mesh(device.type, (plan.world_size,))
-    options: dict[str, Any] = {"mesh": mesh}
+    dp_mesh = mesh["replicate", "shard"] if plan.strategy == "hsdp" else mesh["dp"]
+    options: dict[str, Any] = {"mesh": dp_mesh}
     if plan.reshard_after_forward is not None or plan.strategy == "zero2":
         # left out, fully_shard reshards every group but the root (gathered again at once
         # for backward)
@@ -351,19 +500,7 @@ def _apply_fsdp(
     for unit in units:
         fully_shard(unit, **options)
     fully_shard(model, **options)
-    optimizer = workload.optimizer
-    if optimizer is not None:
-        optimizer = type(optimizer)(
-            _param_groups(optimizer, (names, dict(model.named_parameters()))),
-            **_constructor_defaults(optimizer),
-        )
-    done = replace(workload, model=model, optimizer=optimizer)
-    return Applied(
-        done,
-        [module_names[id(u)] for u in units],
-        unit_class,
-        len(units) + 1,
-    )
+    return [module_names[id(u)] for u in units], unit_class
 
 
 def _param_groups(

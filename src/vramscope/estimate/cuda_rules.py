@@ -8,6 +8,11 @@ some check rules the CUDA kernel no longer has, or have no meta function at all:
   first CUDA kernel did; since torch 2.9 the CUDA kernel also takes float32 and float16
   (through a loop of ``mm`` per group) and pads the output's rows to 16 bytes for TMA
   (``GroupedMMUtils.h``). Outputs are made by those rules.
+* ``_c10d_functional.wait_tensor``: the wait for a functional collective (DTensor's
+  redistributions) returns its input (``Functional.cpp``); its meta function makes a new
+  tensor, which no GPU allocates. :data:`WAIT_HOOKS` are told of each wait, and
+  :data:`COLLECTIVE_HOOKS` of each functional all-gather and reduce-scatter once its output
+  is made (what a backend allocates besides: gloo's copies).
 * :func:`run_on_cpu`: an op without a fake kernel (``_ctc_loss`` on CUDA, a custom op of a
   library) runs its CPU kernel on real tensors of its inputs' shapes — their real values
   where the trace has them, zeros otherwise — and its outputs become fake tensors of the
@@ -17,6 +22,7 @@ some check rules the CUDA kernel no longer has, or have no meta function at all:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -154,7 +160,52 @@ def cudnn_grid_sampler_backward(mode: Any, args: tuple[Any, ...], kwargs: dict[s
     return _contiguous(mode, x.shape, x), _contiguous(mode, grid.shape, grid)
 
 
+# told of each functional collective's output as it is waited on
+WAIT_HOOKS: list[Callable[[Any], None]] = []
+# told of each functional all-gather and reduce-scatter: (mode, op name, input, output)
+COLLECTIVE_HOOKS: list[Callable[[Any, str, Any, Any], None]] = []
+
+
+def wait_tensor(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``_c10d_functional.wait_tensor``: the collective's output itself, once waited on."""
+    tensor = args[0] if args else kwargs["tensor"]
+    for hook in WAIT_HOOKS:
+        hook(tensor)
+    return tensor
+
+
+def _collective(func: Any) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
+    """A functional collective as its meta function makes it, :data:`COLLECTIVE_HOOKS`
+    told."""
+
+    def kernel(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        out = FakeTensorMode.dispatch(mode, func, (), args, kwargs)
+        if COLLECTIVE_HOOKS:
+            tensor = args[0] if args else kwargs.get("input")
+            for hook in COLLECTIVE_HOOKS:
+                hook(mode, func.__name__, tensor, out)
+        return out
+
+    return kernel
+
+
+def _functional_collectives() -> dict[Any, Any]:
+    """The kernels for torch's functional collectives, where this torch has them."""
+    try:
+        ops = torch.ops._c10d_functional
+        return {
+            ops.wait_tensor.default: wait_tensor,
+            ops.all_gather_into_tensor.default: _collective(ops.all_gather_into_tensor.default),
+            ops.reduce_scatter_tensor.default: _collective(ops.reduce_scatter_tensor.default),
+        }
+    except (AttributeError, RuntimeError):  # a torch built without distributed
+        return {}
+
+
 KERNELS = {
+    **_functional_collectives(),
     aten.cudnn_grid_sampler.default: cudnn_grid_sampler,
     aten.cudnn_grid_sampler_backward.default: cudnn_grid_sampler_backward,
     aten._grouped_mm.default: grouped_mm,

@@ -39,6 +39,7 @@ copies and write back in place: nothing on the device.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,12 +83,17 @@ GLOO_SOURCE = (
 
 def communicators(plan: ParallelPlan) -> list[dict[str, Any]]:
     """The communicators a rank of ``plan`` creates: one over the world; HSDP's shard group
-    and replicate group instead. NCCL's hold device memory outside the caching allocator (a
+    and replicate group instead; with tensor parallel, its group and the data-parallel
+    group(s) of the mesh. NCCL's hold device memory outside the caching allocator (a
     constant each); gloo's none."""
     if plan.strategy == "hsdp":
         groups = [("shard", plan.shard_group_size), ("replicate", plan.replicate_size)]
+    elif plan.tensor_parallel:
+        groups = [("data parallel", plan.dp_size)]
     else:
         groups = [("world", plan.world_size)]
+    if plan.tensor_parallel:
+        groups.append(("tensor parallel", plan.tp))
     nccl = plan.backend == "nccl"
     return [
         {
@@ -334,8 +340,46 @@ def _gloo_buffers(tracer: RankTracer) -> Iterator[None]:
         for name in names
         if hasattr(dist, name)
     }
-    with _replaced(dist, **wrapped):
-        yield
+    # DTensor's redistributions (tensor parallel) call the functional collectives, which
+    # allocate their output and call the group: gloo's reduce-scatter copies the input
+    # (reduce_scatter_tensor_coalesced), its coalesced all-gather gathers into a flat
+    # tensor of the output's size, each alive until the output is waited on
+    pending: dict[int, int] = {}  # the output's storage -> gloo's block
+
+    def functional(mode: Any, name: str, tensor: Any, out: Any) -> None:
+        found = recorder()
+        if found is None or not on_device(out) or not on_device(tensor):
+            return
+        found.see(out, name)  # the output first, as the functional op makes it
+        if name.startswith("reduce_scatter"):
+            block = found.persistent(nbytes(tensor), "temporary", "gloo reduce_scatter copy")
+            what = "gloo_reduce_scatter_copy"
+        else:
+            found.transient(nbytes(tensor), "temporary", "gloo all_gather output record")
+            block = found.persistent(nbytes(out), "temporary", "gloo all_gather flat output")
+            what = "gloo_all_gather_flat"
+        if block is not None:
+            tracer.tags[block] = (what, "tensor parallel")
+            pending[out.untyped_storage()._cdata] = block
+
+    def waited(tensor: Any) -> None:
+        found = tracer.recorder
+        if found is None or not isinstance(tensor, torch.Tensor):
+            return
+        block = pending.pop(tensor.untyped_storage()._cdata, None)
+        if block is not None:
+            found.release(block)
+
+    from vramscope.estimate import cuda_rules
+
+    cuda_rules.COLLECTIVE_HOOKS.append(functional)
+    cuda_rules.WAIT_HOOKS.append(waited)
+    try:
+        with _replaced(dist, **wrapped):
+            yield
+    finally:
+        cuda_rules.COLLECTIVE_HOOKS.remove(functional)
+        cuda_rules.WAIT_HOOKS.remove(waited)
 
 
 # ---- one rank, traced -------------------------------------------------------------------------
@@ -357,8 +401,9 @@ class RankTracer:
     def builder(self, builder: Builder) -> Builder:
         """``builder`` with FSDP2 applied to what it builds (the model materialized as
         shards: what the build made whole is not on the device). DDP is applied later,
-        while the trace records (:meth:`setup`)."""
-        if not self.plan.sharded:
+        while the trace records (:meth:`setup`). Tensor parallel is applied inside the
+        build too, before FSDP: the model is held as its shards from the start."""
+        if not self.plan.sharded and not self.plan.tensor_parallel:
             return builder
 
         def build(batch_size: int, device: torch.device, precision: str | None = None) -> Workload:
@@ -378,7 +423,7 @@ class RankTracer:
         """Wrap the model in DDP (and the optimizer in ZeroRedundancyOptimizer) while the
         trace records; the buckets DDP makes are labelled."""
         self.recorder = recorder
-        if self.plan.sharded:
+        if self.plan.sharded or self.plan.tensor_parallel:
             return workload
         from vramscope.estimate.model_state import _force_foreach
 
@@ -446,16 +491,44 @@ class RankTracer:
     def running(self) -> Iterator[None]:
         """The fake process group of this rank, DTensor's shape propagation unrecorded and
         FSDP's buffers tagged."""
+        _forget_other_ranks()
         with (
             fake_process_group(self.plan.world_size, self.plan.rank),
             _unrecorded_propagation(self),
             _gloo_buffers(self) if self.plan.backend == "gloo" else contextlib.nullcontext(),
+            warnings.catch_warnings(),
         ):
+            # FSDP2 warns when the root's output is a view (tensor parallel's gathered
+            # logits are): about in-place ops the standard step does not do
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
             if self.plan.sharded:
                 with _fsdp_tags(self), _chunks_on_demand():
                     yield
             else:
                 yield
+
+
+def _forget_other_ranks() -> None:
+    """DTensor caches, for a process that is one rank of one job for good, how to
+    redistribute from one layout to another (worked out from this rank's coordinates in the
+    mesh: uneven shards differ by rank) and each op's output layout (on a mesh whose groups
+    are this job's): another rank, or another job, traced in the same process works them
+    out again."""
+    try:
+        from torch.distributed.tensor import DTensor, _redistribute
+    except ImportError:
+        return
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    for cached in (
+        getattr(_redistribute, "_gen_transform_infos", None),
+        getattr(propagator, "propagate_op_sharding", None),
+        getattr(propagator, "_propagate_tensor_meta_cached", None),
+    ):
+        if callable(getattr(cached, "cache_clear", None)):
+            cached.cache_clear()
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native is not None:  # the C++ dispatch's own copy of the propagator's cache
+        native()
 
 
 class _Chunks(Sequence):
@@ -550,14 +623,34 @@ def trace_rank(
     return trace, tracer, loads
 
 
+MAX_TRACED_ROLES = 8  # roles traced for one estimate; the others are described
+
+
 def rank_loads(tracer: RankTracer) -> dict[str, Any]:
-    """What differs between ranks: the elements of optimizer state each rank holds, when
-    they differ (``ZeroRedundancyOptimizer``'s greedy partition; FSDP's last shards of a
-    dimension that does not divide), the heaviest and lightest rank, and the traced rank's
-    optimizer state bytes per element."""
+    """What differs between ranks, read from the traced rank's objects: the ranks grouped
+    into roles (``roles``: ranks that hold the same, traced once), and, where the
+    data-parallel ranks' optimizer state differs (``ZeroRedundancyOptimizer``'s greedy
+    partition; FSDP's last shards of a dimension that does not divide), the heaviest and
+    lightest rank and the traced rank's optimizer state bytes per element."""
     applied, plan = tracer.applied, tracer.plan
-    if applied is None or applied.workload.optimizer is None:
-        return {}
+    layout = applied.tensor_parallel if applied is not None else None
+    # tensor-parallel coordinates that hold the same shapes
+    if layout is not None:
+        by_shapes: dict[Any, list[int]] = {}
+        for c in range(plan.tp):
+            by_shapes.setdefault(layout.local_shapes(c), []).append(c)
+        tp_classes = list(by_shapes.values())
+    else:
+        tp_classes = [list(range(plan.tp))]
+    loads_by_class = [_dp_loads(applied, plan, layout, cls[0]) for cls in tp_classes]
+    found: dict[str, Any] = {
+        "roles": _roles(plan, tp_classes, loads_by_class),
+        "tensor_parallel_classes": len(tp_classes),
+    }
+    mine = next(i for i, cls in enumerate(tp_classes) if plan.tp_rank in cls)
+    dp_loads, by = loads_by_class[mine]
+    if applied is None or applied.workload.optimizer is None or dp_loads is None:
+        return found
     from vramscope.estimate.model_state import _storage, optimizer_state
     from vramscope.tracking.categories import tensors_in
 
@@ -567,42 +660,133 @@ def rank_loads(tracer: RankTracer) -> dict[str, Any]:
             st = _storage(t)
             if st is not None:
                 state_bytes += -(-st.nbytes() // 512) * 512  # the allocator's blocks
+    slot = _dp_slot(plan, plan.dp_rank)
+    traced = dp_loads[slot]
+    heaviest = max(range(len(dp_loads)), key=lambda k: (dp_loads[k], -k))
+    lightest = min(range(len(dp_loads)), key=lambda k: (dp_loads[k], k))
+    per_element = state_bytes / traced if traced else 0.0
+    found["per_element"] = per_element
+    found.update(
+        differ=dp_loads[heaviest] != dp_loads[lightest],
+        by=by,
+        heaviest_rank=plan.rank_at(dp=heaviest, tp=plan.tp_rank),
+        lightest_rank=plan.rank_at(dp=lightest, tp=plan.tp_rank),
+        optimizer_elements={"heaviest": dp_loads[heaviest], "lightest": dp_loads[lightest]},
+        optimizer_state_bytes={
+            "traced": state_bytes,
+            "heaviest": round(per_element * dp_loads[heaviest]),
+            "lightest": round(per_element * dp_loads[lightest]),
+        },
+    )
+    return found
+
+
+_FSDP_BY = (
+    "FSDP pads every rank's shard alike, but optimizer state follows the unpadded shard: where "
+    "dimension 0 does not divide by the shard group, the last ranks hold less"
+)
+_ZERO_BY = "ZeroRedundancyOptimizer gives whole parameters to ranks, largest first"
+
+
+def _dp_slot(plan: ParallelPlan, dp_rank: int) -> int:
+    """Which share of the model state a data-parallel rank holds: its index in the shard
+    group (FSDP, HSDP, ZeRO-2), its rank (ZeRO-1), or 0 (every rank alike)."""
+    if plan.sharded:
+        return dp_rank % plan.shard_group_size
+    if plan.strategy == "zero1":
+        return dp_rank
+    return 0
+
+
+def _dp_loads(
+    applied: Applied | None, plan: ParallelPlan, layout: Any, coordinate: int
+) -> tuple[list[int] | None, str]:
+    """The optimizer elements of each share of the model state (:func:`_dp_slot`) for the
+    ranks at this tensor-parallel ``coordinate``; None where every rank holds the same."""
+    if applied is None or applied.workload.optimizer is None:
+        return None, ""
     if applied.zero is not None:
         parts = applied.zero._partition_parameters()
-        loads = [sum(p.numel() for g in groups for p in g["params"]) for groups in parts]
-        by = "ZeroRedundancyOptimizer gives whole parameters to ranks, largest first"
-    elif plan.sharded:
-        size = plan.shard_group_size
-        loads = [0] * size
-        for p in applied.workload.model.parameters():
-            rows = p.shape[0] if p.dim() else 1
-            per_row = p.numel() // rows if rows else 0
-            chunk = -(-rows // size)
-            for k in range(size):
-                loads[k] += max(0, min(chunk, rows - k * chunk)) * per_row
-        by = (
-            "FSDP pads every rank's shard alike, but optimizer state follows the unpadded "
-            "shard: where dimension 0 does not divide by the shard group, the last ranks "
-            "hold less"
-        )
+        return [sum(p.numel() for g in groups for p in g["params"]) for groups in parts], _ZERO_BY
+    if not plan.sharded:
+        return None, ""
+    if layout is not None:
+        shapes = list(layout.local_shapes(coordinate))
     else:
-        return {}
-    traced = loads[plan.rank % len(loads)]
-    heaviest = max(range(len(loads)), key=lambda k: (loads[k], -k))
-    lightest = min(range(len(loads)), key=lambda k: (loads[k], k))
-    per_element = state_bytes / traced if traced else 0.0
-    return {
-        "differ": loads[heaviest] != loads[lightest],
-        "by": by,
-        "heaviest_rank": heaviest,
-        "lightest_rank": lightest,
-        "optimizer_elements": {"heaviest": loads[heaviest], "lightest": loads[lightest]},
-        "optimizer_state_bytes": {
-            "traced": state_bytes,
-            "heaviest": round(per_element * loads[heaviest]),
-            "lightest": round(per_element * loads[lightest]),
-        },
-    }
+        shapes = [tuple(p.shape) for p in applied.workload.model.parameters()]
+    size = plan.shard_group_size
+    loads = [0] * size
+    for shape in shapes:
+        rows = shape[0] if shape else 1
+        numel = 1
+        for d in shape:
+            numel *= d
+        per_row = numel // rows if rows else 0
+        chunk = -(-rows // size)
+        for k in range(size):
+            loads[k] += max(0, min(chunk, rows - k * chunk)) * per_row
+    return loads, _FSDP_BY
+
+
+def _roles(
+    plan: ParallelPlan,
+    tp_classes: list[list[int]],
+    loads_by_class: list[tuple[list[int] | None, str]],
+) -> list[dict[str, Any]]:
+    """The ranks grouped by what they hold: their tensor-parallel shapes and their share of
+    the data-parallel state. Each role says which ranks share it and which rank is traced
+    for it (``trace_rank``: the first rank of each tensor-parallel class's first role, and
+    of its heaviest; None for the others, which the report describes from the traced one)."""
+    class_of = {c: i for i, cls in enumerate(tp_classes) for c in cls}
+    members: dict[tuple[int, int], list[int]] = {}
+    dp_of: dict[tuple[int, int], set[int]] = {}
+    for rank in range(plan.world_size):
+        coords = plan.coordinates(rank)
+        cls = class_of[coords["tp"]]
+        loads = loads_by_class[cls][0]
+        load = loads[_dp_slot(plan, coords["dp"])] if loads is not None else 0
+        members.setdefault((cls, load), []).append(rank)
+        dp_of.setdefault((cls, load), set()).add(coords["dp"])
+    roles = []
+    for (cls, load), ranks in sorted(members.items(), key=lambda item: item[1][0]):
+        roles.append(
+            {
+                "ranks": _ranges(ranks),
+                "count": len(ranks),
+                "first_rank": ranks[0],
+                "tp_ranks": _ranges(tp_classes[cls]) if plan.tensor_parallel else None,
+                "dp_ranks": _ranges(sorted(dp_of[(cls, load)])),
+                "optimizer_elements": load if loads_by_class[cls][0] is not None else None,
+                "tp_class": cls,
+                "trace_rank": None,
+            }
+        )
+    for cls in range(len(tp_classes)):
+        mine = [r for r in roles if r["tp_class"] == cls]
+        mine[0]["trace_rank"] = mine[0]["first_rank"]
+        heaviest = max(mine, key=lambda r: (r["optimizer_elements"] or 0, -r["first_rank"]))
+        heaviest["trace_rank"] = heaviest["first_rank"]
+    traced = [r for r in roles if r["trace_rank"] is not None]
+    for role in traced[MAX_TRACED_ROLES:]:
+        role["trace_rank"] = None
+    return roles
+
+
+def _ranges(values: list[int]) -> str:
+    """``0-3, 8-11`` for [0, 1, 2, 3, 8, 9, 10, 11]."""
+    parts: list[str] = []
+    start = prev = None
+    for v in sorted(values):
+        if start is None:
+            start = prev = v
+        elif v == prev + 1:
+            prev = v
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = v
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)
 
 
 # ---- the per-rank report ------------------------------------------------------------------------
@@ -623,51 +807,99 @@ def estimate_ranks(
     *,
     replay_report: Callable[..., tuple[Report, Any]],
 ) -> Report:
-    """The estimate of one rank of ``plan``'s job: rank ``plan.rank``, and the heaviest rank
-    too when ranks differ and it is another (its report is the one returned).
-    ``replay_report`` is the estimator's (``estimate.estimator.replay_report``): each traced
-    rank's allocations through the allocator simulator, and its report."""
+    """The estimate of ``plan``'s job per rank: rank ``plan.rank`` traced, then one rank of
+    each other role that needs its own trace (:func:`_roles`); the report returned is the
+    most loaded traced rank's (the highest peak allocated), and its ``distributed`` section
+    has a row per role (``roles``: which ranks share it, its peaks). ``replay_report`` is
+    the estimator's (``estimate.estimator.replay_report``): each traced rank's allocations
+    through the allocator simulator, and its report."""
     traced: list[dict[str, Any]] = []
-    current = plan
-    while True:
+    done: dict[int, tuple[Report, dict[str, Any], Trace, dict[str, Any], ParallelPlan]] = {}
+    queue = [plan.rank]
+    roles: list[dict[str, Any]] | None = None
+    while queue:
+        rank = queue.pop(0)
+        if rank in done:
+            continue
+        current = plan.with_rank(rank)
         trace, tracer, loads = trace_rank(
             spec, batch_size, profile, current, precision, accumulate, steps
         )
         report, result = replay_report(
             spec.spec, batch_size, profile, total, config, config_text, trace, reserved_limit
         )
-        traced.append(_traced_row(current.rank, report, loads))
-        section = _section(current, tracer, trace, result)
-        heaviest = loads.get("heaviest_rank", current.rank) if loads.get("differ") else None
-        if heaviest is None or _same_load(current, heaviest) or len(traced) > 1:
-            break
-        current = plan.with_rank(heaviest)
+        traced.append(_traced_row(rank, report, loads))
+        done[rank] = (report, _section(current, tracer, trace, result), trace, loads, current)
+        if roles is None:
+            roles = loads.get("roles") or []
+            queue += [r["trace_rank"] for r in roles if r["trace_rank"] is not None]
+        del tracer, result
+    heaviest = max(done, key=lambda r: (done[r][0].peak.allocated_bytes or 0, -r))
+    report, section, trace, loads, current = done[heaviest]
     section["traced_ranks"] = traced
-    section["ranks_differ"] = bool(loads.get("differ"))
-    section["heaviest_rank"] = heaviest if heaviest is not None else current.rank
+    section["ranks_differ"] = bool(loads.get("differ")) or len(roles or []) > 1
+    section["heaviest_rank"] = heaviest
+    section["roles"] = _role_rows(roles or [], done, loads)
     if loads.get("differ"):
-        section["differences"] = loads
+        section["differences"] = {k: v for k, v in loads.items() if k not in _NOT_DIFFERENCES}
     _attach(report, current, section, trace)
     return report
 
 
-def _same_load(plan: ParallelPlan, heaviest: int) -> bool:
-    """Whether the traced rank holds as much as the heaviest (HSDP: the same shard index)."""
-    return (
-        plan.rank % plan.shard_group_size == heaviest % plan.shard_group_size
-        if plan.sharded
-        else plan.rank == heaviest
-    )
+_NOT_DIFFERENCES = ("roles", "tensor_parallel_classes", "per_element")
+
+
+def _role_rows(
+    roles: list[dict[str, Any]], done: dict[int, Any], loads: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The roles with their peaks: a traced role's own; another's from the traced rank of
+    its tensor-parallel class, its optimizer state scaled to its share (``like_rank``)."""
+    rows = []
+    per_element = loads.get("per_element")
+    for role in roles:
+        row = {k: v for k, v in role.items() if k not in ("trace_rank", "tp_class")}
+        members = _members(role)
+        rank = next((r for r in done if r in members), None)
+        if rank is not None:
+            report = done[rank][0]
+            row.update(traced_rank=rank, peak=_peak(report))
+        else:
+            like = next(
+                (
+                    o["trace_rank"]
+                    for o in roles
+                    if o["tp_class"] == role["tp_class"] and o["trace_rank"] in done
+                ),
+                None,
+            )
+            row.update(traced_rank=None, like_rank=like, peak=None)
+        if per_element and role.get("optimizer_elements") is not None:
+            row["optimizer_state_bytes"] = round(per_element * role["optimizer_elements"])
+        rows.append(row)
+    return rows
+
+
+def _members(role: dict[str, Any]) -> set[int]:
+    """The ranks of a role, from its ranges (``0-3, 8``)."""
+    found: set[int] = set()
+    for part in role["ranks"].split(", "):
+        first, _, last = part.partition("-")
+        found.update(range(int(first), int(last or first) + 1))
+    return found
+
+
+def _peak(report: Report) -> dict[str, Any]:
+    return {
+        "allocated_bytes": report.peak.allocated_bytes,
+        "reserved_bytes": report.peak.reserved_bytes,
+        "device_used_bytes": report.peak.device_used_bytes,
+    }
 
 
 def _traced_row(rank: int, report: Report, loads: dict[str, Any]) -> dict[str, Any]:
     return {
         "rank": rank,
-        "peak": {
-            "allocated_bytes": report.peak.allocated_bytes,
-            "reserved_bytes": report.peak.reserved_bytes,
-            "device_used_bytes": report.peak.device_used_bytes,
-        },
+        "peak": _peak(report),
         "optimizer_state_bytes": (loads.get("optimizer_state_bytes") or {}).get("traced"),
     }
 
@@ -692,8 +924,16 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
         "communicator_bytes": trace.communicator_bytes,
         "communicator_note": NCCL_SOURCE if plan.backend == "nccl" else GLOO_SOURCE,
     }
+    if plan.tensor_parallel:
+        section["mesh"] = _mesh_dims(plan)
     if applied is None:
         return section
+    if applied.tensor_parallel is not None:
+        section["tensor_parallel"] = {
+            **applied.tensor_parallel.to_dict(),
+            "size": plan.tp,
+            "rank": plan.tp_rank,
+        }
     if applied.ddp is not None and tracer.bucket_sizes:
         section["memory"].append(_ddp_item(plan, tracer))
     if plan.sharded:
@@ -712,6 +952,17 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
         if plan.cpu_offload:
             section["host_bytes"] = _host_bytes(applied.workload)
     return section
+
+
+def _mesh_dims(plan: ParallelPlan) -> dict[str, Any]:
+    """The mesh's dimensions and this rank's coordinates in them."""
+    from vramscope.distributed.sharding import MESH_DIMS
+
+    sizes = {"pp": plan.pp, "dp": plan.dp_size, "cp": plan.cp, "tp": plan.tp}
+    return {
+        "dims": [{"name": n, "size": sizes[n]} for n in MESH_DIMS if sizes[n] > 1],
+        "coordinates": {n: c for n, c in plan.coordinates().items() if sizes[n] > 1},
+    }
 
 
 def _ddp_item(plan: ParallelPlan, tracer: RankTracer) -> dict[str, Any]:
@@ -859,10 +1110,28 @@ def _attach(report: Report, plan: ParallelPlan, section: dict[str, Any], trace: 
     """The per-rank report: its ``distributed`` section, the job in its workload, findings."""
     report.workload["world_size"] = plan.world_size
     report.workload["strategy"] = plan.strategy
+    if plan.tensor_parallel:
+        report.workload["tp"] = plan.tp
     report.extra["distributed"] = section
     findings = []
     rank = section["rank"]
-    if section.get("ranks_differ"):
+    roles = section.get("roles") or []
+    if len(roles) > 1 and "differences" not in section:
+        shown = "; ".join(
+            f"ranks {r['ranks']}"
+            + (f" {format_bytes(r['peak']['allocated_bytes'])} allocated" if r.get("peak") else "")
+            for r in roles[:4]
+        )
+        findings.append(
+            Finding(
+                "ranks_differ",
+                "info",
+                f"ranks differ in what tensor parallel gives them (a dimension that does not "
+                f"divide by --tp: torch.chunk's shares, the last ranks smaller): {shown}; this "
+                f"report is rank {rank}'s, the most loaded",
+            )
+        )
+    if section.get("differences"):
         diff = section["differences"]
         state = diff["optimizer_state_bytes"]
         findings.append(

@@ -193,9 +193,16 @@ def _compared(
     description, cost)."""
     base = get_strategy("baseline")
     if parallel is not None and parallel_each:
-        from vramscope.distributed.sharding import DESCRIPTIONS, STRATEGY_NAMES
+        from vramscope.distributed.sharding import (
+            DESCRIPTIONS,
+            STRATEGY_NAMES,
+            WITH_TENSOR_PARALLEL,
+        )
 
-        names = strategies or list(PARALLEL_ORDER)
+        # with tensor parallel, the strategies that run on its mesh (FSDP2 underneath)
+        names = strategies or [
+            n for n in PARALLEL_ORDER if not parallel.tensor_parallel or n in WITH_TENSOR_PARALLEL
+        ]
         for name in names:
             if name not in STRATEGY_NAMES:
                 raise VramscopeError(
@@ -207,7 +214,7 @@ def _compared(
             plan = parallel.with_strategy(name)
             label, description = name, DESCRIPTIONS[name]
             if name == "hsdp" and parallel.shard_size is None:
-                size = default_shard_size(parallel.world_size)
+                size = default_shard_size(parallel.dp_size)
                 if size is not None:  # else the row says what --shard-size must be
                     plan = replace(plan, shard_size=size)
                     label = f"hsdp (shard {size})"

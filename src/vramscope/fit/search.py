@@ -510,10 +510,15 @@ def fit(
                 "--verify runs trials on this machine's one GPU; with --world-size the answer "
                 "is the estimate's (benchmarks/distributed_accuracy.py compares a job)"
             )
-        if effective_batch and effective_batch % parallel.world_size:
+        if effective_batch and effective_batch % parallel.dp_size:
+            ranks = (
+                f"the {parallel.dp_size} data-parallel ranks (--world-size / --tp)"
+                if parallel.tensor_parallel
+                else f"--world-size {parallel.world_size}"
+            )
             raise VramscopeError(
                 f"--effective-batch {effective_batch} is the job's batch: it must be a "
-                f"multiple of --world-size {parallel.world_size}"
+                f"multiple of {ranks}"
             )
     base = get_strategy("baseline")
     est = Estimator(
@@ -553,12 +558,14 @@ def fit(
         if parallel is not None:
             section["per_rank"] = {
                 "world_size": parallel.world_size,
+                "dp_size": parallel.dp_size,
                 "strategy": parallel.strategy,
                 "summary": parallel.describe(),
-                "job_batch_size": best * parallel.world_size,
+                # the ranks of a tensor-parallel group share one micro-batch
+                "job_batch_size": best * parallel.dp_size,
             }
         if effective_batch:
-            per_gpu = effective_batch // (parallel.world_size if parallel else 1)
+            per_gpu = effective_batch // (parallel.dp_size if parallel else 1)
             section["plans"] = _plans(est, per_gpu, best, target)
             if parallel is not None:
                 section["plans_per_gpu_of"] = effective_batch

@@ -44,7 +44,8 @@ def answer_line(section: dict[str, Any]) -> str:
     if capped:
         shown = f"at least {shown} (the search's cap; --max-batch-size to look further)"
     line = f"{what}: {shown}"
-    world = number(per_rank.get("world_size"))
+    # the data-parallel ranks each take a micro-batch (a tensor-parallel group shares one)
+    world = number(per_rank.get("dp_size")) or number(per_rank.get("world_size"))
     if per_rank and best is not None and world is not None:
         line += (
             f" ({text(per_rank.get('summary'))}: {count(best * world)} samples a step over the job)"

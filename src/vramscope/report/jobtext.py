@@ -60,11 +60,55 @@ def per_rank(job: dict[str, Any]) -> str | None:
             )
         else:
             words += "; fully_shard on the root alone: one group"
+    tp = job.get("tensor_parallel")
+    if isinstance(tp, dict):
+        words += (
+            f"; tensor parallel over {text(tp.get('size'))} ranks ({text(tp.get('source'))}, "
+            f"sequence parallel {'on' if tp.get('sequence_parallel') else 'off'}): "
+            f"{text(tp.get('sharded_modules'))} modules split"
+        )
+        replicated = number(tp.get("replicated_modules")) or 0
+        if replicated:
+            words += f", {replicated:g} whole on every rank"
+        for note in _list(tp.get("notes")):
+            words += f"; {text(note)}"
     host = job.get("host_bytes")
     if isinstance(host, dict):
         total = sum(number(v) or 0 for v in host.values())
         words += f"; offloaded to host memory: {b(total)}"
     return words
+
+
+def roles(job: dict[str, Any]) -> list[dict[str, str]]:
+    """A per-rank estimate's ranks by role: which ranks share a row, where they sit in the
+    mesh, which rank was traced for them, and their peaks (a role not traced says which
+    traced rank it is like)."""
+    rows = []
+    for role in records(job.get("roles")):
+        peak = role.get("peak") if isinstance(role.get("peak"), dict) else {}
+        traced = role.get("traced_rank")
+        if traced is not None:
+            how = f"rank {text(traced)}"
+        elif role.get("like_rank") is not None:
+            how = f"not traced (as rank {text(role.get('like_rank'))}, less optimizer state)"
+        else:
+            how = "not traced"
+        state = number(role.get("optimizer_state_bytes"))
+        rows.append(
+            {
+                "ranks": text(role.get("ranks")),
+                "count": text(role.get("count")),
+                "tp": text(role.get("tp_ranks")) if role.get("tp_ranks") is not None else "",
+                "dp": text(role.get("dp_ranks")),
+                "traced": how,
+                "allocated": b(number(peak.get("allocated_bytes"))) if peak else "",
+                "reserved": b(number(peak.get("reserved_bytes"))) if peak else "",
+                "device_used": b(number(peak.get("device_used_bytes"))) if peak else "",
+                "optimizer_state": b(state) if state is not None else "",
+                "heaviest": "heaviest" if traced is not None and traced == job.get("rank") else "",
+            }
+        )
+    return rows
 
 
 def memory(job: dict[str, Any]) -> list[dict[str, str]]:

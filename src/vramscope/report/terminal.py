@@ -342,6 +342,32 @@ def _rank_category_table(report: Report) -> RenderableType | None:
     return fitting(t)
 
 
+def _roles_table(report: Report) -> RenderableType | None:
+    """A per-rank estimate's ranks by role: one row per role, the ranks that share it."""
+    rows = jobtext.roles(_job(report))
+    if not rows:
+        return None
+    t = Table(box=box.SIMPLE_HEAD, title="Ranks by role (each role traced once)")
+    tp = any(r["tp"] for r in rows)
+    t.add_column("ranks")
+    t.add_column("count", justify="right")
+    if tp:
+        t.add_column("tp index")
+    t.add_column("dp index")
+    t.add_column("traced")
+    for name in ("peak allocated", "peak reserved", "device used"):
+        t.add_column(name, justify="right")
+    t.add_column("")
+    narrow = Table(box=box.SIMPLE_HEAD, title="Ranks by role (each role traced once)")
+    for name in ("ranks", "traced", "peak allocated", "peak reserved"):
+        narrow.add_column(name, justify="right" if name.startswith("peak") else "left")
+    for r in rows:
+        cells = [r["ranks"], r["count"], *([r["tp"]] if tp else []), r["dp"], r["traced"]]
+        t.add_row(*cells, r["allocated"], r["reserved"], r["device_used"], r["heaviest"])
+        narrow.add_row(r["ranks"], r["traced"], r["allocated"], r["reserved"])
+    return fitting(t, narrow)
+
+
 def _job_lines(report: Report) -> list[Text]:
     """The imbalance, how the ranks' reports came, and the distributed memory, in words."""
     job = _job(report)
@@ -654,6 +680,9 @@ def render(report: Report) -> Group:
         if by_rank is not None:
             parts.append(by_rank)
     parts.extend(_job_lines(report))
+    roles = _roles_table(report)
+    if roles is not None:
+        parts.append(roles)
     parts.append(_peak_table(report))
     s = report.startup
     if s.after_build_allocated_bytes is not None or s.context_and_libraries_bytes is not None:
