@@ -720,8 +720,10 @@ def _conv_transform_bytes(
     if groups != 1 and (groups == int(x.shape[1]) or x.dtype != torch.float32 or transposed):
         # depthwise: none; grouped in half precision or transposed: not recorded, none taken
         return 0
-    if not x.is_contiguous():
-        return 0  # channels-last (NHWC) already: no transposes
+    if not x.is_contiguous() or _channels_last_weight(w):
+        # channels-last (NHWC) already: no transposes; a channels-last weight makes torch run
+        # the convolution channels-last whatever the input's layout (its suggested format)
+        return 0
     if transposed:
         return _transposed_conv_bytes(x, out, forward, gradient)
     if x.dim() == 5:
@@ -877,6 +879,14 @@ def _conv_backward_workspaces(
         recorder.transient(
             size, "temporary", "cuDNN convolution backward (weight) workspace", (key, ladder)
         )
+
+
+def _channels_last_weight(w: Any) -> bool:
+    return (
+        w.dim() == 4
+        and not w.is_contiguous()
+        and w.is_contiguous(memory_format=torch.channels_last)
+    )
 
 
 def _laid_out_like(grad: Any, x: Any) -> bool:
