@@ -129,9 +129,9 @@ class ExampleGPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-def build_gpt(batch_size: int, device: torch.device) -> Workload:
-    """``example:gpt``: ExampleGPT on random tokens, AdamW."""
-    model = ExampleGPT().to(device)
+def _language_model(model: nn.Module, device: torch.device, batch_size: int, name: str) -> Workload:
+    """A causal language model on random tokens (vocabulary 8192, ``model.seq`` long), AdamW."""
+    model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     generator = torch.Generator(device="cpu").manual_seed(0)
 
@@ -143,7 +143,12 @@ def build_gpt(batch_size: int, device: torch.device) -> Workload:
         logits = model(idx)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
-    return Workload(model=model, optimizer=opt, batch=batch, loss=loss, name="example:gpt")
+    return Workload(model=model, optimizer=opt, batch=batch, loss=loss, name=name)
+
+
+def build_gpt(batch_size: int, device: torch.device) -> Workload:
+    """``example:gpt``: ExampleGPT on random tokens, AdamW."""
+    return _language_model(ExampleGPT(), device, batch_size, "example:gpt")
 
 
 class LlamaAttention(nn.Module):
@@ -218,19 +223,7 @@ class ExampleLlama(nn.Module):
 
 def build_llama(batch_size: int, device: torch.device) -> Workload:
     """``example:llama``: ExampleLlama on random tokens, AdamW."""
-    model = ExampleLlama().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    generator = torch.Generator(device="cpu").manual_seed(0)
-
-    def batch() -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = torch.randint(0, 8192, (batch_size, model.seq + 1), generator=generator).to(device)
-        return tokens[:, :-1], tokens[:, 1:]
-
-    def loss(model: nn.Module, idx: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        logits = model(idx)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-
-    return Workload(model=model, optimizer=opt, batch=batch, loss=loss, name="example:llama")
+    return _language_model(ExampleLlama(), device, batch_size, "example:llama")
 
 
 BUILDERS = {"cnn": build_cnn, "gpt": build_gpt, "llama": build_llama}
