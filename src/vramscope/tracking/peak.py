@@ -21,7 +21,7 @@ and JSON read them from the report.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vramscope.report.model import Categories, Report
@@ -92,13 +92,6 @@ def settle_categories(
         cats = _objects_only(report, evidence)
     report.categories_at_peak = cats
     report.extra["categories_source"] = source
-    attribution = report.extra.get("attribution")
-    if attribution is not None:  # the module tables' section says the same categories
-        if analysis is not None and source not in ("allocator-trace", "cpu-dispatch"):
-            module_peak = attribution.get("module_peak")
-            if module_peak is not None:  # what the trace's own highest point held
-                module_peak["categories"] = attribution.get("categories")
-        attribution["categories"] = asdict(cats)
     if source in ("allocator-trace", "cpu-dispatch"):
         report.unavailable.pop("categories_at_peak.activations", None)
     for rec in report.reconciliation:
