@@ -637,8 +637,11 @@ def compare(oracle: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def check_script(name: str, out: Path, details: list[str], small: bool, timeout: float) -> dict:
-    """The oracle's two passes and a vramscope run per detail on one script, compared."""
+def check_script(
+    name: str, out: Path, details: list[str], small: bool, timeout: float, judge: bool = False
+) -> dict:
+    """The oracle's two passes and a vramscope run per detail on one script, compared.
+    ``judge``: nothing is run; the files a earlier run left in ``out`` are compared."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
@@ -654,7 +657,9 @@ def check_script(name: str, out: Path, details: list[str], small: bool, timeout:
         cmd = [sys.executable, __file__, "probe", "--pass", which, "--json", str(dest)]
         if which == "instant" and target.get("run_peak"):
             cmd += ["--target", str(target["run_peak"])]
-        code, text = _run([*cmd, path, *args], timeout, env)
+        code, text = (
+            (None, "not in the folder") if judge else _run([*cmd, path, *args], timeout, env)
+        )
         data = _load(dest)
         if data is None:
             row["error"] = f"oracle pass {which} failed ({code}): {text[-1500:]}"
@@ -667,7 +672,9 @@ def check_script(name: str, out: Path, details: list[str], small: bool, timeout:
     for detail in details:
         dest = out / f"{name}.vramscope-{detail}.json"
         cmd = [sys.executable, "-m", "vramscope", "run", "--detail", detail, "--json", str(dest)]
-        code, text = _run([*cmd, path, *args], timeout, env)
+        code, text = (
+            (None, "not in the folder") if judge else _run([*cmd, path, *args], timeout, env)
+        )
         report = _load(dest)
         if report is None:
             problem = f"no report ({code}): {text[-800:]}"
@@ -692,13 +699,27 @@ def drive(ns: argparse.Namespace) -> int:
     names = ns.only or list(SCRIPTS)
     with ThreadPoolExecutor(max_workers=max(1, ns.jobs)) as pool:
         futures = [
-            pool.submit(check_script, name, out, ns.details, ns.small, ns.timeout) for name in names
+            pool.submit(check_script, name, out, ns.details, ns.small, ns.timeout, ns.judge)
+            for name in names
         ]
         rows = []
         for future in futures:
             rows.append(future.result())
             print(_row_text(rows[-1]), flush=True)
     meta = _meta()
+    if ns.judge:  # not this machine's: the machine and day of the run that left the files
+        meta = {"judged": meta["date"], "judged_from": "the files of an earlier run"}
+        for path in sorted(out.glob("*.vramscope-default.json")):
+            report = _load(path) or {}
+            device = report.get("device") or {}
+            meta.update(
+                date=(report.get("created_at") or "")[:10],
+                torch=device.get("torch_version"),
+                python=device.get("python_version"),
+                device=device.get("name"),
+                gpu=device.get("name") if device.get("type") == "cuda" else None,
+            )
+            break
     meta["small"] = ns.small
     (out / "oracle_results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (out / "oracle_results.txt").write_text(_table(rows, meta))
@@ -794,6 +815,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--small", action="store_true", help="the scripts' small sizes (CPU)")
     parser.add_argument("--jobs", type=int, default=1, help="scripts checked at once")
+    parser.add_argument(
+        "--judge", action="store_true", help="run nothing: compare the files already in --out"
+    )
     return drive(parser.parse_args(argv))
 
 
