@@ -370,7 +370,7 @@ def reestimate(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], fromfile_prefix_chars="@")
     parser.add_argument("--estimates", default=str(RESULTS / "zoo_estimates_cpu.json"))
     parser.add_argument("--measured", default=str(RESULTS / "zoo_measured_h200.json"))
     parser.add_argument("--out", default=str(RESULTS / "zoo_accuracy_h200.json"))
