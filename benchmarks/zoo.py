@@ -154,6 +154,10 @@ def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
             "phase": peak.phase,
         },
         "context_and_libraries_bytes": report.startup.context_and_libraries_bytes,
+        # the cuDNN kernels and convolutions the step ran, and what device used adds above
+        # the simulation for them (vramscope.estimate.allowance)
+        "libraries": extra.get("libraries"),
+        "device_used_allowance": extra.get("device_used_allowance"),
         "parameters": report.workload.get("parameters"),
         "notes": [without_paths(str(n)) for n in extra.get("notes", [])][:10],
         "data_dependent": [

@@ -26,6 +26,7 @@ import torch
 from vramscope import __version__
 from vramscope.errors import VramscopeError
 from vramscope.estimate.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from vramscope.estimate.allowance import reserved_allowance
 from vramscope.estimate.profiles import GpuProfile, get_profile
 from vramscope.estimate.scalars import HEAVY, LIGHT
 from vramscope.estimate.trace import Trace, trace_workload
@@ -255,7 +256,9 @@ def replay_report(
         needs = {
             "allocated_bytes": unbounded.peak_allocated,
             "reserved_bytes": reserved,
-            "device_used_bytes": reserved + context,
+            "device_used_bytes": reserved
+            + context
+            + sum(n for _, n in reserved_allowance(profile, trace, reserved)),
         }
     report = _report(
         spec, batch_size, profile, total, config, config_text, trace, result, needs, reserved_limit
@@ -627,7 +630,12 @@ def _report(
     needs: dict[str, int] | None = None,
     reserved_limit: int | None = None,
 ) -> Report:
-    context = context_bytes(profile, trace)
+    peak_reserved = max(result.peak_reserved, result.after_build_reserved)
+    # device used is a bound: the context (its lazily loaded kernels an allowance already)
+    # and, where cuDNN's engine choice moves reserved memory, an allowance above it (not
+    # when the step ran out: its figures are where it stopped, and ``needs`` has the bound)
+    allowance = [] if result.oom else reserved_allowance(profile, trace, peak_reserved)
+    context = context_bytes(profile, trace) + sum(n for _, n in allowance)
     report = Report(
         kind="estimated",
         vramscope_version=__version__,
@@ -655,7 +663,6 @@ def _report(
         },
         host={"estimated_on": platform.node() or "?", "machine": platform.machine()},
     )
-    peak_reserved = max(result.peak_reserved, result.after_build_reserved)
     report.peak = Peak(
         allocated_bytes=result.peak_allocated,
         reserved_bytes=peak_reserved,
@@ -703,6 +710,8 @@ def _report(
             "estimated: reserved from the caching-allocator simulation (its fragmentation "
             "where allocated peaks), context and libraries from the GPU profile"
             + ("" if profile.calibrated else " (uncalibrated)")
+            + " with an allowance for lazily loaded kernels"
+            + "".join(f"; {format_bytes(n)} more: {label}" for label, n in allowance)
         ),
     )
     report.reconciliation = [rec]
@@ -746,6 +755,7 @@ def _report(
         "sdpa_kernels": trace.sdpa,
         "workspaces_bytes": trace.workspaces,
         "libraries": sorted(trace.libraries),
+        "device_used_allowance": {label: n for label, n in allowance},
         "data_dependent": trace.data_dependent,
         "notes": trace.notes,
         "torch_version": torch.__version__,

@@ -152,7 +152,10 @@ def sdpa_backend(
             and d_qk == d_v
             and d_qk % 8 == 0
             and d_qk <= 128
-            and heads_q == heads_k
+            # check_batch_size_and_num_heads_dense<enable_gqa=true>: grouped-query attention
+            # (key and value heads a divisor of the query's) runs cuDNN when asked for; an
+            # H200 under torch 2.11 loaded cuDNN's kernels for every such bf16 model
+            and (heads_q == heads_k or (enable_gqa and heads_k > 0 and heads_q % heads_k == 0))
             and not (is_causal and attn_mask is not None)
             # its backward gives no gradient for the mask: a learned bias (TinyViT's, Swin's
             # relative position bias passed as the mask) goes to memory-efficient attention
@@ -488,10 +491,8 @@ def after_op(
             recorder.transient(staging, "temporary", "reduction staging buffer")
             recorder.transient(semaphores, "temporary", "reduction semaphores")
         return
-    if func in _CUDNN_FORWARD:
-        recorder.libraries.add("cudnn")
-    elif func in _CUDNN_BACKWARD:
-        recorder.libraries.add("cudnn_backward")
+    if func in _CUDNN_FORWARD or func in _CUDNN_BACKWARD:
+        _note_cudnn(recorder, func, args)
     if func is aten.convolution.default:
         if _on_cuda(args[0]) and profile.capability[0] >= 8:
             swept = profile.name in _SWEPT_GPUS
@@ -625,6 +626,46 @@ _CUDNN_BACKWARD = {
     aten.convolution_backward.default,
     aten._scaled_dot_product_cudnn_attention_backward.default,
 }
+
+
+def runs_cudnn_convolution(input: Any, weight: Any, transposed: bool, groups: int) -> bool:
+    """Whether CUDA runs a convolution through cuDNN (``_select_conv_backend``,
+    ``aten/src/ATen/native/Convolution.cpp``): a depthwise convolution (as many groups as
+    input channels, not transposed; a 1-D one is viewed as 2-D first) runs torch's own
+    depthwise kernels unless cuDNN's are preferred (``use_cudnn_depthwise``: a channels-last
+    input or weight, or float16 with at least 32 channels); every other one runs cuDNN."""
+    from vramscope.estimate.cuda_device import cudnn_conv_memory_format
+
+    dim = weight.dim()
+    channels = input.shape[1]
+    depthwise = (
+        not transposed
+        and dim in (3, 4, 5)
+        and groups > 1
+        and channels == groups
+        and weight.shape[0] % groups == 0
+    )
+    if not depthwise:
+        return True
+    if dim in (4, 5) and cudnn_conv_memory_format(input, weight) != torch.contiguous_format:
+        return True
+    return input.dtype == torch.float16 and dim in (3, 4) and channels >= 32
+
+
+def _note_cudnn(recorder: Recorder, func: Any, args: tuple[Any, ...]) -> None:
+    """Which cuDNN kernels the step loads (the context's ``cudnn`` parts) and, for
+    convolutions, in which precision they train (the reserved allowance of
+    :mod:`vramscope.estimate.allowance`)."""
+    forward = func in _CUDNN_FORWARD
+    if func is aten.convolution.default or func is aten.convolution_backward.default:
+        input, weight = (args[0], args[1]) if forward else (args[1], args[2])
+        transposed, groups = (args[6], args[8]) if forward else (args[7], args[9])
+        if not _on_cuda(input) or not runs_cudnn_convolution(input, weight, transposed, groups):
+            return
+        if not forward:
+            half = "half" if input.dtype in HALF else "float32"
+            recorder.libraries.add(f"cudnn_conv_backward:{half}")
+    recorder.libraries.add("cudnn" if forward else "cudnn_backward")
 
 
 # the native CTC loss's backward: op -> position of its log_alpha argument

@@ -318,7 +318,9 @@ KERNELS = {aten._cudnn_rnn.default: cudnn_rnn, aten._cudnn_rnn_backward.default:
 
 def scratch(recorder: Recorder, func: Any, args: tuple[Any, ...], out: Any) -> None:
     """What the two ops allocate and free inside, in RNN.cpp's order around their outputs
-    (as the H200 recordings show it)."""
+    (as the H200 recordings show it). Both run cuDNN: its kernels count in the context."""
+    if func in KERNELS:
+        recorder.libraries.add("cudnn" if func is aten._cudnn_rnn.default else "cudnn_backward")
     if func is aten._cudnn_rnn.default:
         input, batch_first, train = args[0], args[10], args[12]
         hidden, layers, bidirectional, batch_sizes = args[7], args[9], args[13], args[14]
