@@ -70,6 +70,34 @@ def test_that_fails(vramscope):
     assert "wrong on purpose" in output
 
 
+JOURNALS = """
+import os, pathlib
+
+def journals():
+    return sorted(p.name for p in pathlib.Path(os.environ["VRAMSCOPE_STATUS_DIR"]).glob("*.journal"))
+
+def test_journaled(vramscope):
+    train(1)
+    assert [name.split("-")[0] for name in journals()] == [str(os.getpid())]
+
+def test_the_journal_is_gone_after_the_test():
+    assert journals() == []
+"""
+
+
+def test_a_tracked_test_journals_in_the_private_directory_unless_told_not_to(
+    run, pytester, monkeypatch
+):
+    private = pytester.path / "private"
+    monkeypatch.setenv("VRAMSCOPE_STATUS_DIR", str(private))
+    result = run(TRAINING + JOURNALS, "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+
+    pytester.makeini("[pytest]\nvramscope_journal = false\n")
+    result = run(TRAINING + JOURNALS.replace("[str(os.getpid())]", "[]"), "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+
+
 def test_without_cuda_the_markers_skip_with_their_reason_after_the_test_passed(run):
     result = run(
         """

@@ -1,13 +1,16 @@
 """A tiny training run tracked by one of vramscope's entry points (the Lightning callback, the
-Hugging Face Trainer callback, ``vramscope.measure``) that SIGKILLs itself after a given step,
-printing (flushed) what it did: its pid and parameter bytes first, then after each step has
-ended (for vramscope too) the step, the time and the process's RSS; "dying TIME" just
-before it kills itself. Each step keeps 1 MiB, so the RSS only grows.
+Hugging Face Trainer callback, ``vramscope.measure``, ``@vramscope.profile``, the pytest
+plugin's fixture, the ``%%vramscope`` cell magic) that SIGKILLs itself after a given step
+(or ends with ``os._exit(3)``: ``--die exit``), printing (flushed) what it did: its pid and
+parameter bytes first, then after each step has ended (for vramscope too) the step, the
+time and the process's RSS; "dying TIME" just before it dies. Each step keeps 1 MiB, so
+the RSS only grows.
 
-    python killed_with_integration.py {lightning,hf,measure} FOLDER [--at N]
+    python killed_with_integration.py {lightning,hf,measure,profile,pytest,ipython} FOLDER
+        [--at N] [--die {kill,exit}]
 
 Each entry point journals where it does by default: the callbacks beside their report in
-FOLDER (the trainer's log or output directory), measure in the private directory.
+FOLDER (the trainer's log or output directory), the others in the private directory.
 """
 
 import argparse
@@ -20,10 +23,11 @@ import torch
 from torch import nn
 
 parser = argparse.ArgumentParser()
-parser.add_argument("entry", choices=["lightning", "hf", "measure"])
+parser.add_argument("entry", choices=["lightning", "hf", "measure", "profile", "pytest", "ipython"])
 parser.add_argument("folder", help="the trainer's log or output directory")
 parser.add_argument("--at", type=int, default=24, help="the step after which it dies")
 parser.add_argument("--pause-s", type=float, default=0.08, help="sleep at each step")
+parser.add_argument("--die", choices=["kill", "exit"], default="kill", help="SIGKILL or os._exit")
 args = parser.parse_args()
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -47,6 +51,8 @@ def step_ended(step: int) -> None:
     print(f"done {step} {time.time():.6f} {rss()} 0", flush=True)
     if step == args.at:
         print(f"dying {time.time():.6f}", flush=True)
+        if args.die == "exit":
+            os._exit(3)  # what a launcher or native code does: no clean-up, no report
         os.kill(os.getpid(), signal.SIGKILL)  # what the kernel's OOM killer sends
     kept.append(torch.ones(2**20, dtype=torch.uint8))
     time.sleep(args.pause_s)
@@ -160,5 +166,54 @@ def with_measure() -> None:
     vramscope.measure(build, batch_size=4, steps=10 * args.at, device="cpu")
 
 
-{"lightning": with_lightning, "hf": with_transformers, "measure": with_measure}[args.entry]()
+def by_hand() -> None:
+    """A training loop of one's own, its steps found by vramscope's hooks: step N ends (and
+    is in the journal) once step N + 1's forward has run."""
+    model = net()
+    started(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = samples(4)
+    for step in range(10 * args.at):
+        loss = nn.functional.cross_entropy(model(x), y)
+        if step:
+            step_ended(step - 1)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def with_profile() -> None:
+    import vramscope
+
+    vramscope.profile(by_hand)()
+
+
+def with_pytest() -> None:
+    import pytest
+
+    test = os.path.join(args.folder, "test_by_hand.py")
+    with open(test, "w") as f:
+        f.write("import __main__\n\ndef test_training(vramscope):\n    __main__.by_hand()\n")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the plugin once, by -p
+    plugin = "vramscope.integrations.pytest_plugin"
+    pytest.main([test, "-p", plugin, "-qq", "-s", "-p", "no:cacheprovider", "-p", "no:randomly"])
+
+
+def with_ipython() -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "vramscope")
+    shell.user_ns["by_hand"] = by_hand  # (the shell's __main__ is its own)
+    shell.run_cell("%%vramscope\nby_hand()\n")
+
+
+{
+    "lightning": with_lightning,
+    "hf": with_transformers,
+    "measure": with_measure,
+    "profile": with_profile,
+    "pytest": with_pytest,
+    "ipython": with_ipython,
+}[args.entry]()
 sys.exit(0)  # (it should have died)

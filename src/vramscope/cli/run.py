@@ -284,7 +284,11 @@ def _run_in_child(script: str, outputs: dict[str, Any]) -> Any:
     json_path = outputs["json_path"]
     try:
         journal = files.beside(json_path) if json_path and json_path != "-" else None
-        journal = journal or files.private_path()
+        if journal is None:  # the private directory: runs that died there, pruned first
+            from vramscope.journal.leftovers import prune
+
+            prune()
+            journal = files.private_path()
     except (files.StatusDirError, OSError) as exc:
         click.echo(f"vramscope: no journal ({exc}): a killed run leaves no report", err=True)
         return None

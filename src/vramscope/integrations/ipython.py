@@ -26,6 +26,13 @@ class VramscopeMagics(Magics):
     @argument("--json", metavar="PATH", help="also save the report as JSON")
     @argument("--html", metavar="PATH", help="also save the full HTML report")
     @argument(
+        "--journal",
+        metavar="PATH",
+        help="write the cell's journal to PATH (kept); by default NAME.journal beside --json "
+        "NAME.json, else the private directory, removed once the report is made",
+    )
+    @argument("--no-journal", action="store_true", help="write no journal")
+    @argument(
         "-o", "--output", action="store_true", help="return the Report (the cell's Out) instead"
     )
     @argument("-q", "--quiet", action="store_true", help="show nothing (files are still written)")
@@ -34,17 +41,31 @@ class VramscopeMagics(Magics):
         """Track the memory of this cell: peak, what it is made of, steps, findings.
 
         In a notebook the report shows as a short table (``--html PATH`` writes the full
-        page), in a terminal as the terminal report.
+        page), in a terminal as the terminal report. The cell's journal is written as it
+        runs: when the kernel dies (the OOM killer, a segfault), ``vramscope report --list``
+        lists it and ``vramscope report JOURNAL`` makes the cell's report.
         """
+        from vramscope.journal import files
         from vramscope.tracking.session import Session
 
         options = parse_argstring(self.vramscope, line)
+        if options.no_journal and options.journal:
+            raise UsageError("give --journal PATH or --no-journal, not both")
+        journal: Any = True  # the private directory, removed when the session stops
+        beside = None  # beside --json: removed once the report is written
+        if options.no_journal:
+            journal = None
+        elif options.journal:
+            journal = options.journal
+        elif options.json:
+            journal = beside = files.beside(options.json)
         try:
             session = Session(
                 name="notebook cell",
                 workload={"spec": "notebook cell"},
                 detail=options.detail,
                 depth=options.depth,
+                journal=journal,
             )
         except VramscopeError as exc:
             raise UsageError(str(exc)) from None
@@ -67,6 +88,8 @@ class VramscopeMagics(Magics):
                     write(path)
                 except OSError as exc:
                     raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+        if beside is not None:
+            files.remove(beside)  # the report holds everything it held
         if options.output:
             return report
         if not options.quiet:

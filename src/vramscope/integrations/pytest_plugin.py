@@ -45,6 +45,22 @@ SHOWN = pytest.StashKey[bool]()
 ESTIMATES = pytest.StashKey[dict]()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "vramscope_journal",
+        type="bool",
+        default=True,
+        help="vramscope: write each tracked test's journal in the user's private directory "
+        "(removed when the test ends; `vramscope report --list` lists those of a test "
+        "process that died); false: none",
+    )
+
+
+def _journal(config: pytest.Config) -> bool | None:
+    """What a tracked test's Session journals: True (the private directory) or None."""
+    return True if config.getini("vramscope_journal") else None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
@@ -56,12 +72,21 @@ def vramscope_session(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A vramscope Session tracking the test; ``vramscope.report()`` gives its Report.
 
     Tracking ends with the test's body, and the report goes into the test's output (pytest
-    shows it when the test fails, or for every test with ``-rP``).
+    shows it when the test fails, or for every test with ``-rP``). The test's journal is
+    written as it runs, in the user's private directory (removed when the test ends): when
+    the test's process dies (a segfault, SIGKILL), ``vramscope report --list`` lists it and
+    ``vramscope report JOURNAL`` makes its report (the ini option ``vramscope_journal =
+    false``: none).
     """
     from vramscope.tracking.session import Session
 
     node = request.node
-    session = Session(name=node.nodeid, workload={"spec": node.nodeid}, status=False)
+    session = Session(
+        name=node.nodeid,
+        workload={"spec": node.nodeid},
+        status=False,
+        journal=_journal(request.config),
+    )
     node.stash[SESSION] = session
     session.start()
     try:
@@ -197,7 +222,9 @@ def pytest_pyfunc_call_tracked(pyfuncitem: pytest.Function) -> Iterator[Any]:
         from vramscope.tracking.session import Session
 
         name = pyfuncitem.nodeid
-        session = Session(name=name, workload={"spec": name}, status=False).start()
+        session = Session(
+            name=name, workload={"spec": name}, status=False, journal=_journal(pyfuncitem.config)
+        ).start()
     if session is None:
         result = yield
     else:

@@ -9,7 +9,8 @@ through a symbolic link.
   ``rank-N.json``);
 - otherwise (``track()``, ``measure()``, ``run`` without a report file): the user's private
   directory, the one ``vramscope watch`` reads (mode 0700: ``$XDG_RUNTIME_DIR/vramscope``
-  or ``/tmp/vramscope-<uid>``), as ``<pid>-<random>.journal``.
+  or ``/tmp/vramscope-<uid>``), as ``<pid>-<random>.journal``; one left there by a process
+  that died is listed and pruned by :mod:`vramscope.journal.leftovers`.
 
 The file is made with mode 0600, ``O_EXCL`` and ``O_NOFOLLOW`` through a descriptor of its
 directory held open (a file or link already there under the name is removed first, never

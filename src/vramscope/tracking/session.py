@@ -73,10 +73,10 @@ class Session(StepBoundaries):
         snapshot: str | None = None,
         module_steps: str | int = "auto",
         phase_steps: str | int = "auto",
-        journal: str | os.PathLike[str] | bool | None = None,
+        journal: str | os.PathLike[str] | bool | None = True,
     ) -> None:
         # the run's journal (vramscope.journal): a path, True (the private directory, removed
-        # when the session stops) or None; read at start()
+        # when the session stops; as track()) or None; read at start()
         self.journal = journal
         self._journal: Any = None
         # -- attribution: detail="modules"/"lines", see tracking/attribution.py --
@@ -191,6 +191,11 @@ class Session(StepBoundaries):
         if self.journal:  # written as the run goes: a report can be made if the process dies
             from vramscope.journal.writer import open_journal
 
+            if self.journal is True:  # the private directory: runs that died, pruned first
+                from vramscope.journal.leftovers import prune
+
+                with contextlib.suppress(Exception):  # (never into the user's run)
+                    prune()
             self._journal = open_journal(self, self.journal)
             if self._journal is not None:
                 tick = self._journal.ticking(tick)
@@ -731,21 +736,33 @@ def profile(
     json_path: str | None = None,
     lines: bool = False,
     detail: str | None = None,
+    journal: str | os.PathLike[str] | bool | None = True,
 ) -> Any:
     """Decorator: track each call of ``func``; the report is kept on ``func.last_report``.
 
     ``lines=True`` adds a line table of ``func`` (peak and change of allocated memory
     and host RSS per line, like memory_profiler); ``detail="modules"`` the module tree.
+    ``journal``: where each call's journal is written as it goes (``vramscope report
+    JOURNAL`` makes the report from it when the process dies): True, ``NAME.journal``
+    beside ``json_path`` (removed once the report is written), else the user's private
+    directory (removed when the call ends; ``vramscope report --list`` lists those a dead
+    process left); a path (kept); None, no journal.
     """
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            target: Any = journal
+            if journal is True and json_path:
+                from vramscope.journal.files import beside
+
+                target = beside(json_path)
             session = Session(
                 name=fn.__qualname__,
                 workload={"spec": fn.__qualname__},
                 detail="lines" if lines else (detail or "default"),
                 lines_of=[fn] if lines else None,
+                journal=target,
             )
             try:
                 with session:
@@ -755,6 +772,10 @@ def profile(
                 wrapper.last_report = report  # type: ignore[attr-defined]
                 if json_path:
                     report.save(json_path)
+                    if target is not journal:  # beside the report: it holds everything now
+                        from vramscope.journal.files import remove
+
+                        remove(target)
                 if print_report:
                     from vramscope.report.terminal import print_report as show
 
