@@ -265,13 +265,11 @@ def test_a_step_without_gemms_sets_up_no_cublas_handles(workloads):
     without = estimate(f"{workloads}:conv_only", 4, gpu="h200")
     with_gemm = estimate(f"{workloads}:conv_then_linear", 4, gpu="h200")
     handles = 2 * profile.cublas_handle_bytes  # the main thread's and autograd's
-
-    def context(report):  # without the allowance for cuDNN convolutions' reserved memory
-        allowance = report.extra["estimate"]["device_used_allowance"]
-        return report.startup.context_and_libraries_bytes - sum(allowance.values())
-
-    assert context(with_gemm) - context(without) == handles
-    assert context(without) == profile.context_bytes(
+    assert (
+        with_gemm.startup.context_and_libraries_bytes - without.startup.context_and_libraries_bytes
+        == handles
+    )
+    assert without.startup.context_and_libraries_bytes == profile.context_bytes(
         training=True, cudnn=True, cudnn_backward=True, cublas_threads=0
     )
 
