@@ -88,7 +88,10 @@ def rows_of(accuracy: dict, estimates: dict, measured: dict) -> list[dict[str, A
         if "error_pct" not in r or "range_error_pct" in r or "device_used" not in r["error_pct"]:
             continue
         e, m = est[r["id"]], meas[r["id"]]
-        if "libraries" in e:
+        if e["peak"].get("device_used_upper_bytes") is not None:
+            allowance = 0  # the context is the point's; the allowances are the bound's
+            conv = conv_precision(e["libraries"])
+        elif "libraries" in e:
             allowance = sum((e.get("device_used_allowance") or {}).values()) + lazy
             conv = conv_precision(e["libraries"])
         else:

@@ -150,12 +150,14 @@ def estimate_row(row: dict[str, Any]) -> dict[str, Any]:
             "allocated_bytes": peak.allocated_bytes,
             "reserved_bytes": peak.reserved_bytes,
             "device_used_bytes": peak.device_used_bytes,
+            # the upper bound: what the estimate cannot know allowed for
+            "device_used_upper_bytes": extra.get("device_used_upper_bytes"),
             "step": peak.step,
             "phase": peak.phase,
         },
         "context_and_libraries_bytes": report.startup.context_and_libraries_bytes,
-        # the cuDNN kernels and convolutions the step ran, and what device used adds above
-        # the simulation for them (vramscope.estimate.allowance)
+        # the cuDNN kernels and convolutions the step ran, and what the upper bound of device
+        # used adds above the point (vramscope.estimate.allowance)
         "libraries": extra.get("libraries"),
         "device_used_allowance": extra.get("device_used_allowance"),
         "parameters": report.workload.get("parameters"),

@@ -1,5 +1,5 @@
-"""Device used as an upper bound: the cuDNN kernels a step loads, and the allowance derived
-from the H200 zoo sweep (tests/data/zoo_device_used_h200.json, written by
+"""Device used as a point and an upper bound: the cuDNN kernels a step loads, and the
+allowance of the bound derived from the H200 zoo sweep (tests/data/zoo_device_used_h200.json, written by
 benchmarks/device_used_allowance.py --fixture)."""
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ import pytest
 import torch
 
 from vramscope.estimate import kernels
-from vramscope.estimate.allowance import CUDNN_CONV_TRAINING_PCT, reserved_allowance
+from vramscope.estimate.allowance import (
+    CUDNN_CONV_TRAINING_PCT,
+    device_used_allowance,
+    reserved_allowance,
+)
 from vramscope.estimate.profiles import get_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,8 +117,34 @@ def test_the_reserved_allowance_follows_the_precision_of_cudnn_convolutions_trai
     )
 
 
-def test_the_context_lists_lazily_loaded_kernels_as_an_allowance():
+def test_the_bound_adds_lazily_loaded_kernels_and_the_context_does_not():
     profile = get_profile("h200")
     parts = dict(profile.context_parts(training=True))
-    assert parts["lazily loaded kernels (allowance)"] == 4 * MiB
-    assert profile.context_bytes(training=True) == profile.context_and_libraries_bytes + 4 * MiB
+    assert "lazily loaded kernels" not in " ".join(parts)
+    assert profile.context_bytes(training=True) == profile.context_and_libraries_bytes
+    trace = SimpleNamespace(libraries={"cudnn_conv_backward:float32"})
+    bound = dict(device_used_allowance(profile, trace, 1000 * MiB))
+    assert bound.pop("lazily loaded kernels") == 4 * MiB
+    assert list(bound.values()) == [int(1000 * MiB * 0.18)]
+
+
+def test_an_estimate_gives_the_point_and_the_bound_and_says_when_only_the_point_fits():
+    from vramscope.estimate.estimator import estimate
+
+    report = estimate("example:cnn", 64, gpu="h200")
+    verdict, extra = report.extra["verdict"], report.extra["estimate"]
+    used = report.peak.device_used_bytes
+    assert used == report.peak.reserved_bytes + report.startup.context_and_libraries_bytes
+    allowance = extra["device_used_allowance"]
+    assert allowance["lazily loaded kernels"] == 4 * MiB
+    assert any("cuDNN" in label for label in allowance)  # a training step of convolutions
+    assert verdict["device_used_upper_bytes"] == used + sum(allowance.values())
+    assert extra["device_used_upper_bytes"] == verdict["device_used_upper_bytes"]
+    assert verdict["fits"] and verdict["fits_upper"]
+    # a GPU whose memory lies between the point and the bound: fits, with a warning
+    total = (used + verdict["device_used_upper_bytes"]) // 2
+    tight = estimate("example:cnn", 64, gpu="h200", memory=total)
+    assert tight.extra["verdict"]["fits"] and not tight.extra["verdict"]["fits_upper"]
+    warning = next(f for f in tight.findings if f.kind == "upper_bound")
+    assert "its upper bound of device used does not" in warning.message
+    assert "may not fit" in tight.findings[0].message  # the verdict's sentence

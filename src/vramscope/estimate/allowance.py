@@ -1,9 +1,11 @@
-"""The allowance that makes an estimate's device used an upper bound rather than a point.
+"""The upper bound of an estimate's device used: the point estimate and what can come on top.
 
-Under-estimating device used is the worst error an estimate can make: the user trusts the
-figure and runs out of memory. Two parts of it are not knowable from a fake-tensor trace,
-and for those the estimate adds an allowance derived from measurements instead of
-pretending precision:
+An estimate gives device used as a point (the simulated reserved memory and the profile's
+context), which on most models is the measurement within a few MiB. Under-estimating device
+used is the worst error an estimate can make, though: the user trusts the figure and runs out
+of memory. Two parts of it are not knowable from a fake-tensor trace, and for those the
+estimate states an upper bound beside the point, with allowances derived from measurements
+instead of pretending precision:
 
 * **Lazily loaded kernels** (a part of the profile's context, :class:`GpuProfile`
   ``lazy_kernels_bytes``): CUDA loads a kernel's module on its first launch
@@ -11,7 +13,7 @@ pretending precision:
   context grows with the set of kernels the step runs. Over the zoo sweep on an H200
   (``benchmarks/results/zoo_accuracy_h200.json``), the measured context exceeded the
   calibrated one by 0 MiB (52 %), 2 MiB (41 %), 4 MiB (6 %) or more (two models); the 95th
-  percentile, 4 MiB, is added to every estimate.
+  percentile, 4 MiB, is in every upper bound.
 * **cuDNN convolutions in training** (:func:`reserved_allowance`): with
   ``torch.backends.cudnn.benchmark`` off, cuDNN's heuristics pick each convolution's engine,
   and with it the size of the workspace the engine asks the caching allocator for; the
@@ -28,9 +30,10 @@ pretending precision:
   engines' choice vary less).
 
 Both were derived on an H200 with torch 2.11 and cuDNN 9.19; other profiles use the same
-figures (uncalibrated). The reserved memory an estimate reports stays the simulation's;
-only device used, and the verdict that compares it with the GPU's memory, add the
-allowance.
+figures (uncalibrated). The point estimate (``peak.device_used_bytes``) and the verdict's
+"fits" use neither; the upper bound (``verdict.device_used_upper_bytes``, labelled parts in
+``estimate.device_used_allowance``) adds both, and the verdict says so when the point fits
+and the bound does not.
 """
 
 from __future__ import annotations
@@ -44,6 +47,17 @@ if TYPE_CHECKING:
 # per cent of the simulated peak reserved memory, by the precision of the convolutions cuDNN
 # trained (the ``cudnn_conv_backward:<precision>`` libraries the trace records)
 CUDNN_CONV_TRAINING_PCT = {"float32": 18.0, "half": 5.0}
+
+
+def device_used_allowance(
+    profile: GpuProfile, trace: Trace, peak_reserved: int
+) -> list[tuple[str, int]]:
+    """What the upper bound of device used adds to the point estimate, labelled: the lazily
+    loaded kernels' pages, and :func:`reserved_allowance`."""
+    parts = []
+    if profile.lazy_kernels_bytes:
+        parts.append(("lazily loaded kernels", profile.lazy_kernels_bytes))
+    return parts + reserved_allowance(profile, trace, peak_reserved)
 
 
 def reserved_allowance(

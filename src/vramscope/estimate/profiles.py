@@ -40,8 +40,9 @@ class GpuProfile:
     # a cuBLAS handle (and its stream) on a thread that runs a GEMM: training sets one up on
     # the main thread and one on autograd's device thread, inference one
     cublas_handle_bytes: int = 64 * MiB
-    # kernels loaded lazily on first launch, in 2 MiB pages, beyond the calibration's: an
-    # allowance (the 95th percentile over the H200 zoo sweep; see vramscope.estimate.allowance)
+    # kernels loaded lazily on first launch, in 2 MiB pages, beyond the calibration's: part
+    # of the upper bound of device used, not of the context (the 95th percentile over the
+    # H200 zoo sweep; see vramscope.estimate.allowance)
     lazy_kernels_bytes: int = 4 * MiB
     # streaming multiprocessors: CUDA reductions size their grid, and so their float32
     # staging buffers, by them and the threads each can hold
@@ -62,8 +63,8 @@ class GpuProfile:
         ``cublas_threads``: the threads that ran a GEMM (``None``: as many as the step has);
         a thread without one sets up no cuBLAS handle (measured over the zoo sweep: training
         steps without any GEMM, FCN, DeepLab, SqueezeNet, used 126 to 128 MiB less). Kernels
-        load lazily, in 2 MiB pages: ``lazy_kernels_bytes`` allows for the pages a step's
-        kernels take beyond the calibration workload's (:mod:`vramscope.estimate.allowance`)."""
+        load lazily, in 2 MiB pages: the pages a step's kernels take beyond the calibration
+        workload's are in the upper bound (:mod:`vramscope.estimate.allowance`), not here."""
         return sum(
             n for _, n in self.context_parts(training, cudnn, cudnn_backward, cublas_threads)
         )
@@ -143,8 +144,6 @@ class GpuProfile:
             parts.append(("cuDNN's kernels", self.cudnn_bytes))
         if cudnn_backward:
             parts.append(("cuDNN's backward kernels", self.cudnn_backward_bytes))
-        if self.lazy_kernels_bytes:
-            parts.append(("lazily loaded kernels (allowance)", self.lazy_kernels_bytes))
         return parts
 
     def describe_context(

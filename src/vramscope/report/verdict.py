@@ -42,6 +42,25 @@ def runs_out(verdict: dict[str, Any]) -> str:
     return where
 
 
+def upper_words(verdict: dict[str, Any]) -> str:
+    """The upper bound of device used, when it says more than the point: ``up to 8.57 GiB
+    with the allowances for what an estimate cannot know (cuDNN's engine choice)`` when the
+    bound is 1 % above the point or more, or when it does not fit though the point does
+    (empty otherwise, and for a verdict saved before the bound existed)."""
+    used = number(verdict.get("device_used_bytes"))
+    upper = number(verdict.get("device_used_upper_bytes"))
+    total = number(verdict.get("total_bytes"))
+    if used is None or upper is None or upper <= used:
+        return ""
+    over = total is not None and upper > total
+    if upper - used < 0.01 * used and not over:
+        return ""
+    words = f"up to {format_bytes(upper)} with the allowances for what an estimate cannot know"
+    if over:
+        words += f", more than its {format_bytes(total)}: it may not fit"
+    return words
+
+
 def sentence(verdict: dict[str, Any]) -> str:
     """The verdict in one sentence.
 
@@ -67,7 +86,9 @@ def sentence(verdict: dict[str, Any]) -> str:
         if headroom is not None:
             shown = f" ({pct:.1f}%)" if pct is not None else ""
             parts.append(f"{format_bytes(headroom)}{shown} free")
-        return f"fits on {name}" + (f": {', '.join(parts)}" if parts else "")
+        line = f"fits on {name}" + (f": {', '.join(parts)}" if parts else "")
+        bound = upper_words(verdict)
+        return f"{line}; {bound}" if bound else line
     if budget is not None:
         line = f"does not fit {a(format_bytes(budget))} budget"
         need = number(needs.get("reserved_bytes"))
@@ -105,6 +126,9 @@ def details(verdict: dict[str, Any]) -> list[tuple[str, str]]:
     used = number(verdict.get("device_used_bytes"))
     if used is not None:
         rows.append(("device used (nvidia-smi), peak", format_bytes(used)))
+    upper = number(verdict.get("device_used_upper_bytes"))
+    if upper is not None and used is not None and upper > used:
+        rows.append(("device used, upper bound", format_bytes(upper)))
     if verdict.get("fits"):
         headroom = number(verdict.get("headroom_bytes"))
         pct = number(verdict.get("headroom_pct"))
