@@ -44,9 +44,16 @@ false or missing) kept the parameters as built on the device in its FSDP and ZeR
 ``alloc err+`` (``error_pct.allocated_without_held``) compares with measured allocated less
 those bytes (``held_built_parameter_bytes``).
 
+A job that fails is recorded with the failing rank's exception (its last line, and where
+the innermost frame raised it) or the signal that killed it, without this machine's paths;
+its whole stderr is kept as ``WORKDIR/CASE/stderr.txt`` (``--workdir``), and ``--verbose``
+prints it. The ranks run with this checkout's ``src`` ahead of the caller's ``PYTHONPATH``
+(vramscope's dependencies installed there, such as orjson, stay importable).
+
 ``--allow-cpu`` runs the jobs on the CPU, for the plumbing alone (nothing is measured
 there): ``python benchmarks/distributed_accuracy.py --allow-cpu --cases
-example-gpt-ddp,example-gpt-fsdp --out /tmp/plumbing.json`` (about 45 s on 2 cores).
+example-gpt-ddp,example-gpt-fsdp --out /tmp/plumbing.json`` (about 45 s on 2 cores;
+``--cases tp``, the five tensor-parallel cases, about 5 minutes).
 """
 
 from __future__ import annotations
@@ -205,19 +212,17 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
         device,
     ]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES=visible,
-        PYTHONPATH=str(ROOT / "src"),
-    )
+    # this checkout's vramscope first, and whatever else the caller's path holds after it
+    # (packages installed beside the interpreter's, vramscope's own dependencies among them)
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=visible, PYTHONPATH=path)
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=1800)
+    (out / "stderr.txt").write_text(proc.stderr)  # the whole of it, beside the job's report
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
         # no paths of this machine in the results
-        last = last.replace(str(workdir), "WORKDIR").replace(str(ROOT), ".")
-        return {"error": last[:400]}
+        error = unpathed(job_error(proc.stderr), workdir)
+        return {"error": error[:ERROR_CHARS], "stderr": str(out / "stderr.txt")}
     job = json.loads((out / "job.json").read_text())
     ranks = {}
     for row in job.get("ranks", []):
@@ -231,6 +236,118 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
             "own_max_memory_reserved": own.get("max_memory_reserved"),
         }
     return {"ranks": ranks, "seconds": round(time.perf_counter() - started, 1)}
+
+
+ERROR_CHARS = 400  # a failed job's error, as the results keep it
+# a rank's exception that only says another rank went away first
+_SECONDARY = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "ECONNRESET",
+    "EPIPE",
+)
+
+
+def job_error(stderr: str) -> str:
+    """What a failed job's stderr says went wrong, in a line: the failing rank's Python
+    exception (its last line, and where the innermost frame raised it), not torchrun's
+    summary. A rank killed by a signal (no traceback) is said so, from torchrun's root
+    cause. A rank's exception that only reports its peer gone (gloo's ``Connection closed
+    by peer``) gives way to the one that ended the peer."""
+    chains = _tracebacks(stderr)
+    ranks = [c for c in chains if "ChildFailedError" not in c[0]]
+    root = _root_cause(stderr)
+    if root and root.get("signal"):
+        killed = f"rank {root['rank']} killed by {root['signal']}"
+        fatal = [ln.strip() for ln in stderr.splitlines() if ln.startswith("Fatal Python error")]
+        if fatal:
+            killed += f" ({fatal[0]})"
+        first = [c for c in ranks if not _secondary(c[0])]
+        return f"{killed}; {_one_line(first[0])}" if first else killed
+    if ranks:
+        first = [c for c in ranks if not _secondary(c[0])] or ranks
+        where = f"rank {root['rank']}: " if root and len(ranks) == 1 else ""
+        return where + _one_line(first[0])
+    lines = [
+        ln.strip()
+        for ln in stderr.splitlines()
+        if ln.strip() and set(ln.strip()) - set("=-") and not ln.startswith(("E", "W", "I"))
+    ]
+    return lines[-1] if lines else "no output"
+
+
+def _tracebacks(stderr: str) -> list[tuple[str, str]]:
+    """Each traceback's exception line and its innermost frame (``file:line in func``), in
+    the order printed; of a chain of exceptions (``During handling of the above ...``), the
+    one raised last."""
+    found: list[tuple[str, str]] = []
+    lines = stderr.splitlines()
+    i = 0
+    chained = False
+    while i < len(lines):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            frame = ""
+            i += 1
+            while i < len(lines) and (lines[i].startswith(" ") or not lines[i].strip()):
+                text = lines[i].strip()
+                if text.startswith('File "'):
+                    name, _, rest = text[6:].partition('", line ')
+                    number, _, func = rest.partition(", in ")
+                    frame = f"{name}:{number} in {func}" if func else f"{name}:{number}"
+                i += 1
+            exception = lines[i].strip() if i < len(lines) else "?"
+            if chained and found:
+                found[-1] = (exception, frame)
+            else:
+                found.append((exception, frame))
+            chained = False
+            continue
+        text = lines[i].strip()
+        if text.startswith(("During handling of the above exception", "The above exception")):
+            chained = True
+        elif text:
+            chained = False
+        i += 1
+    return found
+
+
+def _root_cause(stderr: str) -> dict | None:
+    """torchrun's ``Root Cause (first observed failure)``: the rank, and the signal that
+    ended it (None for an exit code)."""
+    part = stderr.partition("Root Cause (first observed failure)")[2]
+    if not part:
+        return None
+    found: dict = {"rank": "?", "signal": None}
+    for line in part.splitlines():
+        key, _, value = line.strip().partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "rank":
+            found["rank"] = value.split()[0]
+        elif key == "traceback" and value.startswith("Signal"):
+            found["signal"] = value.split(" received")[0]
+        elif key == "exitcode" and value.startswith("-") and not found["signal"]:
+            found["signal"] = f"signal {value.split()[0][1:]}"
+    return found
+
+
+def _secondary(exception: str) -> bool:
+    return any(word in exception for word in _SECONDARY)
+
+
+def _one_line(chain: tuple[str, str]) -> str:
+    exception, frame = chain
+    return f"{exception} (at {frame})" if frame else exception
+
+
+def unpathed(text: str, workdir: Path) -> str:
+    """``text`` without this machine's paths: the workdir, the repository, and where
+    Python's packages are installed."""
+    import re
+
+    text = text.replace(str(workdir), "WORKDIR").replace(str(ROOT), ".")
+    text = re.sub(r"(?<![\w.])/[^\s\":]*?/(site|dist)-packages/", "", text)
+    return re.sub(r"(?<![\w.])/[^\s\":]*/lib/python3[.\d]*/", "", text)
 
 
 def estimate_ranks(case: tuple, gpu: str) -> dict:
@@ -428,6 +545,10 @@ def compare_main(args: argparse.Namespace) -> int:
         if "error" in measured:
             cases.append({"case": name, "error": measured["error"]})
             say(f"{name:24s} measuring FAILED: {measured['error']}")
+            if args.verbose:  # the whole stderr, printed but not kept in the table
+                print(f"---- {name}: the job's stderr ({measured['stderr']}) ----")
+                print(Path(measured["stderr"]).read_text().rstrip(), flush=True)
+                print(f"---- end of {name}'s stderr ----", flush=True)
             continue
         estimated = estimate_ranks(case, args.gpu)
         cases.append(compare_case(name, measured, estimated, 0, measured["seconds"]))
@@ -561,6 +682,11 @@ def main() -> int:
     parser.add_argument("--gpu", default="h200", help="the GPU profile to estimate for")
     parser.add_argument("--cases", help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--workdir", help="keep the jobs' reports here (default: a temp dir)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print a failed job's whole stderr (always kept as WORKDIR/CASE/stderr.txt)",
+    )
     parser.add_argument(
         "--allow-cpu", action="store_true", help="run the jobs on the CPU (plumbing only)"
     )
