@@ -29,9 +29,16 @@ same plan with ``apply_plan`` (``parallelize_module``, then ``fully_shard`` on t
 mesh). The estimate traces one rank per role (``distributed.roles``) and each rank is
 compared with its role's row. The ``*-own-plan`` cases use ``benchmarks/tp_workloads.py``'s
 plan, whose collectives are all-reduces alone (gloo runs those for CUDA tensors through
-host copies); the default plan's sequence parallel all-gathers and reduce-scatters with
-torch's functional collectives, whose coalesced all-gather gloo may not run on CUDA tensors
-(such a case is recorded as failed to measure). The tensor-parallel cases alone:
+host copies; FSDP2's all-gathers and reduce-scatters on the 2-D mesh are torch.distributed's
+own ``all_gather_into_tensor`` and ``reduce_scatter_tensor``, which gloo runs for CUDA
+tensors too). The default plan (the ``example-llama-*`` cases) gathers the head's logits,
+and with sequence parallel the blocks' inputs, with torch's functional all-gather
+(DTensor's Shard to Replicate), which is the group's ``allgather_into_tensor_coalesced``:
+ProcessGroupGloo has no CUDA path for it (torch 2.11 on an H200: the rank dies of SIGSEGV).
+On CUDA those cases are estimated and not measured: a case whose estimate counts functional
+all-gathers (``distributed.tensor_parallel.functional_all_gathers``, the estimate's
+``gloo_cuda_all_gather`` warning) is recorded as skipped, with the reason. On the CPU
+(``--allow-cpu``) gloo runs them. The tensor-parallel cases alone:
     python benchmarks/distributed_accuracy.py --cases tp --out benchmarks/results/distributed_accuracy_tp_h200.json
 
 Targets (issue 15, issue 33): per rank, allocated within 3 %, reserved within 5 %.
@@ -44,9 +51,16 @@ false or missing) kept the parameters as built on the device in its FSDP and ZeR
 ``alloc err+`` (``error_pct.allocated_without_held``) compares with measured allocated less
 those bytes (``held_built_parameter_bytes``).
 
+A job that fails is recorded with the failing rank's exception (its last line, and where
+the innermost frame raised it) or the signal that killed it, without this machine's paths;
+its whole stderr is kept as ``WORKDIR/CASE/stderr.txt`` (``--workdir``), and ``--verbose``
+prints it. The ranks run with this checkout's ``src`` ahead of the caller's ``PYTHONPATH``
+(vramscope's dependencies installed there, such as orjson, stay importable).
+
 ``--allow-cpu`` runs the jobs on the CPU, for the plumbing alone (nothing is measured
 there): ``python benchmarks/distributed_accuracy.py --allow-cpu --cases
-example-gpt-ddp,example-gpt-fsdp --out /tmp/plumbing.json`` (about 45 s on 2 cores).
+example-gpt-ddp,example-gpt-fsdp --out /tmp/plumbing.json`` (about 45 s on 2 cores;
+``--cases tp``, the five tensor-parallel cases, about 5 minutes).
 """
 
 from __future__ import annotations
@@ -205,19 +219,17 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
         device,
     ]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES=visible,
-        PYTHONPATH=str(ROOT / "src"),
-    )
+    # this checkout's vramscope first, and whatever else the caller's path holds after it
+    # (packages installed beside the interpreter's, vramscope's own dependencies among them)
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=visible, PYTHONPATH=path)
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=1800)
+    (out / "stderr.txt").write_text(proc.stderr)  # the whole of it, beside the job's report
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
         # no paths of this machine in the results
-        last = last.replace(str(workdir), "WORKDIR").replace(str(ROOT), ".")
-        return {"error": last[:400]}
+        error = unpathed(job_error(proc.stderr), workdir)
+        return {"error": error[:ERROR_CHARS], "stderr": str(out / "stderr.txt")}
     job = json.loads((out / "job.json").read_text())
     ranks = {}
     for row in job.get("ranks", []):
@@ -233,6 +245,123 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
     return {"ranks": ranks, "seconds": round(time.perf_counter() - started, 1)}
 
 
+ERROR_CHARS = 400  # a failed job's error, as the results keep it
+GLOO_CUDA_SKIP = (
+    "not measured on CUDA over gloo: its plan all-gathers with torch's functional "
+    "collectives (DTensor Shard to Replicate), for which gloo has no CUDA path (the rank "
+    "dies of SIGSEGV); the estimate warns of it (gloo_cuda_all_gather)"
+)
+# a rank's exception that only says another rank went away first
+_SECONDARY = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "ECONNRESET",
+    "EPIPE",
+)
+
+
+def job_error(stderr: str) -> str:
+    """What a failed job's stderr says went wrong, in a line: the failing rank's Python
+    exception (its last line, and where the innermost frame raised it), not torchrun's
+    summary. A rank killed by a signal (no traceback) is said so, from torchrun's root
+    cause. A rank's exception that only reports its peer gone (gloo's ``Connection closed
+    by peer``) gives way to the one that ended the peer."""
+    chains = _tracebacks(stderr)
+    ranks = [c for c in chains if "ChildFailedError" not in c[0]]
+    root = _root_cause(stderr)
+    if root and root.get("signal"):
+        killed = f"rank {root['rank']} killed by {root['signal']}"
+        fatal = [ln.strip() for ln in stderr.splitlines() if ln.startswith("Fatal Python error")]
+        if fatal:
+            killed += f" ({fatal[0]})"
+        first = [c for c in ranks if not _secondary(c[0])]
+        return f"{killed}; {_one_line(first[0])}" if first else killed
+    if ranks:
+        first = [c for c in ranks if not _secondary(c[0])] or ranks
+        where = f"rank {root['rank']}: " if root and len(ranks) == 1 else ""
+        return where + _one_line(first[0])
+    lines = [
+        ln.strip()
+        for ln in stderr.splitlines()
+        if ln.strip() and set(ln.strip()) - set("=-") and not ln.startswith(("E", "W", "I"))
+    ]
+    return lines[-1] if lines else "no output"
+
+
+def _tracebacks(stderr: str) -> list[tuple[str, str]]:
+    """Each traceback's exception line and its innermost frame (``file:line in func``), in
+    the order printed; of a chain of exceptions (``During handling of the above ...``), the
+    one raised last."""
+    found: list[tuple[str, str]] = []
+    lines = stderr.splitlines()
+    i = 0
+    chained = False
+    while i < len(lines):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            frame = ""
+            i += 1
+            while i < len(lines) and (lines[i].startswith(" ") or not lines[i].strip()):
+                text = lines[i].strip()
+                if text.startswith('File "'):
+                    name, _, rest = text[6:].partition('", line ')
+                    number, _, func = rest.partition(", in ")
+                    frame = f"{name}:{number} in {func}" if func else f"{name}:{number}"
+                i += 1
+            exception = lines[i].strip() if i < len(lines) else "?"
+            if chained and found:
+                found[-1] = (exception, frame)
+            else:
+                found.append((exception, frame))
+            chained = False
+            continue
+        text = lines[i].strip()
+        if text.startswith(("During handling of the above exception", "The above exception")):
+            chained = True
+        elif text:
+            chained = False
+        i += 1
+    return found
+
+
+def _root_cause(stderr: str) -> dict | None:
+    """torchrun's ``Root Cause (first observed failure)``: the rank, and the signal that
+    ended it (None for an exit code)."""
+    part = stderr.partition("Root Cause (first observed failure)")[2]
+    if not part:
+        return None
+    found: dict = {"rank": "?", "signal": None}
+    for line in part.splitlines():
+        key, _, value = line.strip().partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "rank":
+            found["rank"] = value.split()[0]
+        elif key == "traceback" and value.startswith("Signal"):
+            found["signal"] = value.split(" received")[0]
+        elif key == "exitcode" and value.startswith("-") and not found["signal"]:
+            found["signal"] = f"signal {value.split()[0][1:]}"
+    return found
+
+
+def _secondary(exception: str) -> bool:
+    return any(word in exception for word in _SECONDARY)
+
+
+def _one_line(chain: tuple[str, str]) -> str:
+    exception, frame = chain
+    return f"{exception} (at {frame})" if frame else exception
+
+
+def unpathed(text: str, workdir: Path) -> str:
+    """``text`` without this machine's paths: the workdir, the repository, and where
+    Python's packages are installed."""
+    import re
+
+    text = text.replace(str(workdir), "WORKDIR").replace(str(ROOT), ".")
+    text = re.sub(r"(?<![\w.])/[^\s\":]*?/(site|dist)-packages/", "", text)
+    return re.sub(r"(?<![\w.])/[^\s\":]*/lib/python3[.\d]*/", "", text)
+
+
 def estimate_ranks(case: tuple, gpu: str) -> dict:
     """Each rank's estimate of the case's job, over gloo as it is measured: the estimate
     traces a rank of each role and each rank takes its role's peaks (a rank whose role was
@@ -244,6 +373,7 @@ def estimate_ranks(case: tuple, gpu: str) -> dict:
     world = world_of(case)
     ranks: dict[int, dict] = {}
     seconds = []
+    gathers = 0
     for rank in range(world):
         if rank in ranks:
             continue
@@ -251,6 +381,7 @@ def estimate_ranks(case: tuple, gpu: str) -> dict:
         report = estimate(spec, batch, gpu=gpu, precision=precision, parallel=plan)
         job = report.extra["distributed"]
         seconds.append(report.extra["estimate"]["seconds"])
+        gathers = max(gathers, (job.get("tensor_parallel") or {}).get("functional_all_gathers", 0))
         for row in job["traced_ranks"]:
             ranks[row["rank"]] = {**row["peak"], "nccl_bytes": job["communicator_bytes"]}
         for role in job.get("roles") or []:
@@ -258,7 +389,7 @@ def estimate_ranks(case: tuple, gpu: str) -> dict:
                 continue
             for member in _members(role["ranks"]):
                 ranks.setdefault(member, {**role["peak"], "nccl_bytes": job["communicator_bytes"]})
-    return {"ranks": ranks, "seconds": seconds}
+    return {"ranks": ranks, "seconds": seconds, "functional_all_gathers": gathers}
 
 
 def _members(ranges: str) -> list[int]:
@@ -424,12 +555,21 @@ def compare_main(args: argparse.Namespace) -> int:
             cases.append({"case": name, "skipped": "needs transformers"})
             say(f"{name:24s} skipped (needs transformers)")
             continue
+        estimated = estimate_ranks(case, args.gpu)
+        if device == "cuda" and estimated["functional_all_gathers"]:
+            # the job would die of SIGSEGV (the estimate's gloo_cuda_all_gather warning)
+            cases.append({"case": name, "skipped": GLOO_CUDA_SKIP})
+            say(f"{name:24s} skipped: {GLOO_CUDA_SKIP}")
+            continue
         measured = measure(name, case, args.steps, workdir, device)
         if "error" in measured:
             cases.append({"case": name, "error": measured["error"]})
             say(f"{name:24s} measuring FAILED: {measured['error']}")
+            if args.verbose:  # the whole stderr, printed but not kept in the table
+                print(f"---- {name}: the job's stderr ({measured['stderr']}) ----")
+                print(Path(measured["stderr"]).read_text().rstrip(), flush=True)
+                print(f"---- end of {name}'s stderr ----", flush=True)
             continue
-        estimated = estimate_ranks(case, args.gpu)
         cases.append(compare_case(name, measured, estimated, 0, measured["seconds"]))
     footer(cases, held=False)
     write(args, cases, meta, complete=True)
@@ -561,6 +701,11 @@ def main() -> int:
     parser.add_argument("--gpu", default="h200", help="the GPU profile to estimate for")
     parser.add_argument("--cases", help=f"comma-separated, of: {', '.join(CASES)}")
     parser.add_argument("--workdir", help="keep the jobs' reports here (default: a temp dir)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print a failed job's whole stderr (always kept as WORKDIR/CASE/stderr.txt)",
+    )
     parser.add_argument(
         "--allow-cpu", action="store_true", help="run the jobs on the CPU (plumbing only)"
     )

@@ -4,7 +4,9 @@ tensor-parallel plan (``Workload.tensor_parallel_plan``).
 ``llama_blocks``: ``example:llama`` with only its layers split (query, key, value and the
 MLP's input projections ``ColwiseParallel``, the output projections ``RowwiseParallel``),
 the embedding, norms and head whole on every rank as plain tensors. Its collectives are
-all-reduces alone, which gloo runs for CUDA tensors through pinned host copies; the
+all-reduces alone, which gloo runs for CUDA tensors through pinned host copies (the default
+plan's head gathers its logits with torch's functional all-gather, which gloo does not run
+for CUDA tensors: measured on one GPU over gloo, those jobs die of SIGSEGV); the
 optimizer steps parameter by parameter (``foreach=False``), as torch's foreach step refuses
 a mix of tensors and DTensors.
 """

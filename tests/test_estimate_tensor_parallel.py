@@ -318,3 +318,18 @@ def test_gloo_copies_each_sequence_parallel_reduce_scatter_input_until_its_wait(
     )
     # each copy is the whole input: the group's size times the output
     assert sorted(sizes[b] for b in copies) == [2 * s for s in scatters]
+
+
+def test_gloo_warns_of_a_plan_whose_functional_all_gathers_it_cannot_run_on_cuda():
+    # the default plan gathers the head's logits (and, with sequence parallel, the blocks'
+    # inputs) through torch's functional all-gather, which gloo has no CUDA path for; a plan
+    # of ColwiseParallel/RowwiseParallel layers with plain outputs all-reduces only
+    for spec, gathers in ((LLAMA, True), (OWN_PLAN, False)):
+        plan = ParallelPlan("none", 2, tp=2, backend="gloo")
+        report = estimate(spec, 4, gpu="h200", parallel=plan)
+        counted = report.extra["distributed"]["tensor_parallel"]["functional_all_gathers"]
+        kinds = {f.kind: f.severity for f in report.findings}
+        assert (counted > 0) is gathers
+        assert (kinds.get("gloo_cuda_all_gather") == "warning") is gathers
+    over_nccl = estimate(LLAMA, 4, gpu="h200", parallel=ParallelPlan("none", 2, tp=2))
+    assert "functional_all_gathers" not in over_nccl.extra["distributed"]["tensor_parallel"]

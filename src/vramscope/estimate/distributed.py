@@ -79,6 +79,21 @@ GLOO_SOURCE = (
     "each reduce-scatter input on the device (alive for the collective) and makes an empty "
     "tensor the size of each all-gather's output (dropped at once), both traced"
 )
+# torch's functional all-gather (``_c10d_functional.all_gather_into_tensor``, what DTensor
+# calls to make a Shard placement Replicate) is the group's
+# ``allgather_into_tensor_coalesced``; ProcessGroupGloo runs that as ``allgather_coalesced``,
+# which has no CUDA path (no copy through host memory, as its ``allgather`` and
+# ``_allgather_base`` have): gloo's transport is handed device pointers. Seen with torch
+# 2.11 on an H200: the rank dies of SIGSEGV. Reduce-scatters (an all-reduce of a clone) and
+# all-reduces run.
+GLOO_CUDA_ALL_GATHER = (
+    "over gloo this job cannot run on CUDA tensors: the tensor-parallel plan all-gathers "
+    "with torch's functional collectives (DTensor's Shard to Replicate: a gathered output "
+    "such as the head's logits, sequence parallel's gathered inputs), which gloo runs as its "
+    "coalesced all-gather, with no CUDA path (torch 2.11: the rank dies of SIGSEGV); its "
+    "memory is estimated as gloo would hold it. Over nccl it runs; over gloo, a plan of "
+    "ColwiseParallel/RowwiseParallel layers whose outputs are plain tensors all-reduces only"
+)
 
 
 def communicators(plan: ParallelPlan) -> list[dict[str, Any]]:
@@ -351,6 +366,8 @@ def _gloo_buffers(tracer: RankTracer) -> Iterator[None]:
         if found is None or not on_device(out) or not on_device(tensor):
             return
         found.see(out, name)  # the output first, as the functional op makes it
+        if not name.startswith("reduce_scatter"):
+            tracer.functional_all_gathers += 1
         if name.startswith("reduce_scatter"):
             block = found.persistent(nbytes(tensor), "temporary", "gloo reduce_scatter copy")
             what = "gloo_reduce_scatter_copy"
@@ -397,6 +414,9 @@ class RankTracer:
     buckets: set[int] = field(default_factory=set)  # blocks of DDP's buckets
     bucket_sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # (step, index)
     reducing: Any = None  # the FSDPParams of the group being reduce-scattered, meanwhile
+    # over gloo: the functional all-gathers traced (DTensor's Shard -> Replicate), which
+    # gloo does not run for CUDA tensors (GLOO_CUDA_ALL_GATHER)
+    functional_all_gathers: int = 0
 
     def builder(self, builder: Builder) -> Builder:
         """``builder`` with FSDP2 applied to what it builds (the model materialized as
@@ -934,6 +954,9 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
             "size": plan.tp,
             "rank": plan.tp_rank,
         }
+        if plan.backend == "gloo":
+            # in the traced steps; none: the plan runs over gloo on CUDA tensors
+            section["tensor_parallel"]["functional_all_gathers"] = tracer.functional_all_gathers
     if applied.ddp is not None and tracer.bucket_sizes:
         section["memory"].append(_ddp_item(plan, tracer))
     if plan.sharded:
@@ -1155,6 +1178,8 @@ def _attach(report: Report, plan: ParallelPlan, section: dict[str, Any], trace: 
         )
     if section.get("backend") == "gloo":
         findings.append(Finding("gloo", "info", GLOO_SOURCE))
+        if (section.get("tensor_parallel") or {}).get("functional_all_gathers"):
+            findings.append(Finding("gloo_cuda_all_gather", "warning", GLOO_CUDA_ALL_GATHER))
     units = section.get("sharded_modules")
     if units is not None and not units["count"]:
         findings.append(
