@@ -117,6 +117,8 @@ CASES: dict[str, tuple[str, int, str, str, dict]] = {
         {"tp": 2, "sequence_parallel": False},
     ),
     "example-llama-tp2-fsdp2": ("example:llama", 16, "32-true", "fsdp", {"tp": 2}),
+    # pipeline parallel: 2 stages, 1F1B, 4 micro-batches of the batch size each
+    "example-llama-pp2-1f1b": ("example:llama", 8, "32-true", "none", {"pp": 2, "microbatches": 4}),
 }
 TARGET_CASES = (
     "example-gpt-ddp",
@@ -133,6 +135,8 @@ GROUPS = {"tp": tuple(name for name, case in CASES.items() if case[4].get("tp", 
 def world_of(case: tuple) -> int:
     """The case's ranks: 2 for data parallel; tp, or tp × 2 with a data-parallel strategy."""
     tp = case[4].get("tp", 1)
+    if case[4].get("pp", 1) > 1:
+        return case[4]["pp"] * tp  # one rank per stage
     if tp == 1:
         return WORLD
     return tp if case[3] == "none" else tp * WORLD
@@ -162,6 +166,8 @@ def rank_job(args: argparse.Namespace) -> int:
     plan = ParallelPlan(args.strategy, world, rank=rank, **settings).check()
     workload = resolve(args.workload).build(args.batch_size, device)
     workload = workload.with_overrides(precision=args.precision)
+    if plan.pipeline:
+        return pipeline_rank_job(args, plan, workload, device)
     applied = apply_plan(workload, plan, device)
     # the workload as built keeps its optimizer, over the parameters before sharding: kept,
     # a sharded job holds the whole model on the device besides its shards
@@ -172,6 +178,63 @@ def rank_job(args: argparse.Namespace) -> int:
     for _ in range(args.steps):
         runner()
     own = {"rank": rank, "world_size": world}
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        own["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+        own["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+    Path(args.own_peaks, f"rank-{rank}.json").write_text(json.dumps(own))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def pipeline_rank_job(args: argparse.Namespace, plan, workload, device) -> int:
+    """One stage of a pipeline job, as a training script writes it with torch's own
+    ``PipelineStage`` and schedule: the model cut where the estimate cuts it (the modules
+    before the blocks, the stage's blocks, the modules after them, called in that order:
+    a model whose forward is that chain, as example:llama's), the rest dropped."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from vramscope.distributed.pipeline import plan_layout
+
+    rank = plan.rank
+    model = workload.model
+    layout = plan_layout(model, plan.pp, rank, plan.schedule, plan.microbatch_count)
+    span = layout.blocks[rank]
+    first, last = rank == 0, rank == plan.pp - 1
+    chain = [model.get_submodule(n) for n in layout.before] if first else []
+    chain += [model.get_submodule(layout.block_names[i]) for i in span]
+    chain += [model.get_submodule(n) for n in layout.after] if last else []
+    stage_module = torch.nn.Sequential(*chain)
+    seq, vocab = model.seq, model.embed_tokens.num_embeddings  # example:llama's
+    del model, chain
+    optimizer = type(workload.optimizer)(stage_module.parameters(), lr=1e-3)
+    workload = None  # the whole model's optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the other stages' modules, built here and dropped
+    micro, m = args.batch_size, plan.microbatch_count
+    stage = PipelineStage(stage_module, rank, plan.pp, device)
+    classes = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
+
+    def loss_fn(logits, target):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    schedule = classes[plan.schedule](stage, m, loss_fn=loss_fn)
+    for _ in range(args.steps):
+        if first:
+            tokens = torch.randint(0, vocab, (micro * m, seq), device=device)
+            schedule.step(tokens)
+        elif last:
+            target = torch.randint(0, vocab, (micro * m, seq), device=device)
+            schedule.step(target=target, losses=[], return_outputs=False)
+        else:
+            schedule.step()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    own = {"rank": rank, "world_size": plan.world_size}
     if device.type == "cuda":
         torch.cuda.synchronize()
         own["max_memory_allocated"] = torch.cuda.max_memory_allocated()

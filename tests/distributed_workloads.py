@@ -109,6 +109,14 @@ def llama(batch_size: int, device: torch.device) -> vramscope.Workload:
     return _llama_workload(ExampleLlama(512, 64, 2, 4, 176, 32), batch_size, device)
 
 
+def llama4(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """The small llama with 4 layers: 4 pipeline stages of one block each, or 2 ranks of 2
+    virtual stages (interleaved 1F1B)."""
+    from vramscope.examples import ExampleLlama
+
+    return _llama_workload(ExampleLlama(512, 64, 4, 4, 176, 32), batch_size, device)
+
+
 def llama_odd_vocab(batch_size: int, device: torch.device) -> vramscope.Workload:
     """The same with a vocabulary of 511 tokens: over 3 ranks the embedding and the head
     split 171, 171 and 169 rows, so the last rank holds less."""

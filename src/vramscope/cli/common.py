@@ -323,7 +323,31 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             help="With --tp: split the activations between the blocks' attention and MLP "
             "along the sequence (SequenceParallel; default: where the model allows it).",
         ),
-        click.option("--pp", type=int, help="Pipeline stages (not yet supported)."),
+        click.option(
+            "--pp",
+            type=int,
+            help="Pipeline parallel over this many stages: the model's repeated blocks divided "
+            "evenly among them, the embeddings on the first, the head and the loss on the last; "
+            "one row per stage (--world-size defaults to --pp).",
+        ),
+        click.option(
+            "--pp-schedule",
+            type=str,
+            help="With --pp: gpipe, 1f1b (the default) or interleaved-1f1b (2 stages per rank), "
+            "as torch.distributed.pipelining runs them.",
+        ),
+        click.option(
+            "--microbatches",
+            type=int,
+            help="With --pp: micro-batches per step, each of --batch-size (default: twice the "
+            "stages).",
+        ),
+        click.option(
+            "--pp-split",
+            metavar="I,J,...",
+            help="With --pp: the block indices where the stages after the first begin "
+            "(default: the blocks divided evenly).",
+        ),
         click.option("--cp", type=int, help="Context-parallel ranks (not yet supported)."),
         click.option("--ep", type=int, help="Expert-parallel ranks (not yet supported)."),
     ]
@@ -342,6 +366,9 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
         "tp",
         "sequence_parallel",
         "pp",
+        "pp_schedule",
+        "microbatches",
+        "pp_split",
         "cp",
         "ep",
     )
@@ -352,12 +379,16 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
         for name in ("backend", "tp", "pp", "cp", "ep"):
             if given[name] is None:
                 del given[name]  # the plan's default
+        given["pp_split"] = _split_points(given["pp_split"])
+        if given.get("pp") is not None and given["world_size"] is None and given["pp"] > 1:
+            given["world_size"] = given["pp"] * given.get("tp", 1)  # one rank per stage
         tp = given.get("tp", 1)
         each = (
             each_strategy
             and given["world_size"] is not None
             and given["strategy"] is None
             and (tp == 1 or given["world_size"] != tp)
+            and given.get("pp", 1) == 1
         )
         if each:
             from vramscope.distributed.sharding import ParallelPlan
@@ -388,6 +419,11 @@ def parallel_plan(
     """The ParallelPlan the options describe, checked (None without --world-size and
     --strategy); a bad combination is a VramscopeError (one line, exit 2)."""
     given = [f"--{k.replace('_', '-')}" for k, v in settings.items() if v not in (None, False)]
+    if settings.get("pp", 1) == 1:
+        for name in ("pp_schedule", "microbatches", "pp_split"):
+            if settings.get(name) is not None:
+                flag = f"--{name.replace('_', '-')}"
+                raise VramscopeError(f"{flag} applies with --pp N (pipeline stages)")
     if world_size is None and strategy is None:
         if given:
             raise VramscopeError(
@@ -401,10 +437,22 @@ def parallel_plan(
     from vramscope.distributed.sharding import NO_DATA_PARALLEL, ParallelPlan
 
     if strategy is None:
-        if settings.get("tp", 1) == 1:
+        if settings.get("tp", 1) == 1 and settings.get("pp", 1) == 1:
             raise VramscopeError(
                 f"--world-size {world_size} needs --strategy: ddp, fsdp, hsdp, zero1 or zero2"
             )
         strategy = NO_DATA_PARALLEL  # check() says when ranks are left for data parallel
 
     return ParallelPlan(strategy=strategy, world_size=world_size, **settings).check()
+
+
+def _split_points(text: str | None) -> tuple[int, ...] | None:
+    """``--pp-split 4,8``: block indices, increasing."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise VramscopeError(
+            f"--pp-split {text!r}: give block indices separated by commas, such as 4,8"
+        ) from None

@@ -33,9 +33,11 @@ A plan is a device mesh: ``tp`` ranks of tensor parallel (innermost: the ranks o
 group are consecutive, as on one node), the data-parallel strategy over what remains
 (``dp_size`` = world size / tp). Tensor parallel (and sequence parallel) is applied first,
 with torch's ``parallelize_module`` (:mod:`vramscope.distributed.tensor_parallel`), then
-FSDP2 over the data-parallel dimension of the same mesh: a 2-D job. Pipeline, context and
-expert parallel (``pp``, ``cp``, ``ep``) are named so that a plan can say so, and refused
-(:data:`NOT_YET`).
+FSDP2 over the data-parallel dimension of the same mesh: a 2-D job. Pipeline parallel
+(``pp`` stages, the outermost dimension) cuts the model into stages
+(:mod:`vramscope.distributed.pipeline`); with it, data and tensor parallel are not applied
+yet. Context and expert parallel (``cp``, ``ep``) are named so that a plan can say so, and
+refused (:data:`NOT_YET`).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ MAX_WORLD_SIZE = 1 << 20
 # (``ParallelPlan.coordinates``); tensor parallel is innermost, within a node
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 # dimensions of the mesh named on the command line that the estimator does not apply yet
-NOT_YET = {"pp": "pipeline", "cp": "context", "ep": "expert"}
+NOT_YET = {"cp": "context", "ep": "expert"}
 # strategies that run with tensor parallel on the same mesh (FSDP2 over its dp dimension)
 WITH_TENSOR_PARALLEL = ("fsdp", "hsdp", "zero2", NO_DATA_PARALLEL)
 
@@ -96,7 +98,10 @@ class ParallelPlan:
     # with tp: the activations between the blocks' attention and MLP split along the
     # sequence (SequenceParallel); None: where the model allows it (tensor_parallel)
     sequence_parallel: bool | None = None
-    pp: int = 1  # pipeline stages (not yet applied: check() says so)
+    pp: int = 1  # pipeline stages (the mesh's outermost dimension)
+    pp_schedule: str | None = None  # gpipe, 1f1b (the default), interleaved-1f1b
+    microbatches: int | None = None  # per step and pipeline; None: 2 × pp
+    pp_split: tuple[int, ...] | None = None  # block indices where the stages after the first begin
     cp: int = 1  # context-parallel ranks (not yet applied)
     ep: int = 1  # expert-parallel ranks (not yet applied)
 
@@ -113,6 +118,27 @@ class ParallelPlan:
     @property
     def tensor_parallel(self) -> bool:
         return self.tp > 1
+
+    @property
+    def pipeline(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def schedule(self) -> str:
+        from vramscope.distributed.pipeline import DEFAULT_SCHEDULE
+
+        return self.pp_schedule or DEFAULT_SCHEDULE
+
+    @property
+    def microbatch_count(self) -> int:
+        from vramscope.distributed.pipeline import default_microbatches
+
+        return self.microbatches if self.microbatches is not None else default_microbatches(self.pp)
+
+    @property
+    def pp_rank(self) -> int:
+        """This rank's stage: its index in the pipeline."""
+        return self.coordinates()["pp"]
 
     @property
     def dp_rank(self) -> int:
@@ -217,8 +243,16 @@ class ParallelPlan:
                 f"--tp {self.tp} does not divide --world-size {n}: the world is tensor-parallel "
                 "groups of --tp ranks times the data-parallel ranks"
             )
+        if self.pipeline or self.pp_schedule or self.microbatches or self.pp_split:
+            self._check_pipeline()
         dp = self.dp_size
         if s == NO_DATA_PARALLEL:
+            if dp > 1 and self.pipeline:
+                raise VramscopeError(
+                    f"--world-size {n} with --pp {self.pp} leaves {dp} data-parallel ranks: "
+                    "data parallel with pipeline stages is not yet supported by the estimator "
+                    f"(give --world-size {self.pp * self.tp})"
+                )
             if dp > 1:
                 raise VramscopeError(
                     f"--world-size {n} with --tp {self.tp} leaves {dp} data-parallel ranks: "
@@ -295,10 +329,48 @@ class ParallelPlan:
             )
         return self
 
+    def _check_pipeline(self) -> None:
+        from vramscope.distributed.pipeline import check_schedule
+
+        flags = {
+            "--pp-schedule": self.pp_schedule,
+            "--microbatches": self.microbatches,
+            "--pp-split": self.pp_split,
+        }
+        if not self.pipeline:
+            given = next(flag for flag, value in flags.items() if value is not None)
+            raise VramscopeError(f"{given} applies with --pp (pipeline stages)")
+        n = self.world_size
+        if n % (self.pp * self.tp):
+            raise VramscopeError(
+                f"--pp {self.pp} does not divide --world-size {n}"
+                + (f" with --tp {self.tp}" if self.tensor_parallel else "")
+                + ": the world is the pipeline's stages times the ranks of each stage"
+            )
+        check_schedule(self.schedule, self.pp, self.microbatch_count)
+        if self.tensor_parallel:
+            raise VramscopeError(
+                "--pp with --tp is not yet supported by the estimator (pipeline stages of "
+                "tensor-parallel groups); estimate --pp alone, or --tp alone"
+            )
+        if self.strategy != NO_DATA_PARALLEL:
+            raise VramscopeError(
+                f"--pp with --strategy {self.strategy} is not yet supported by the estimator "
+                "(data parallel over pipeline stages); leave --strategy out, with --world-size "
+                "equal to --pp"
+            )
+
     def describe(self) -> str:
         """``fsdp over 64 ranks`` with its non-default settings, in a few words; with tensor
         parallel ``fsdp over 8 × tensor parallel 8 (64 ranks)``."""
-        if not self.tensor_parallel:
+        if self.pipeline:
+            words = [
+                f"pipeline of {self.pp} stages ({self.schedule}, {self.microbatch_count} "
+                f"micro-batches per step)"
+            ]
+            if self.pp_split:
+                words.append(f"split at blocks {', '.join(map(str, self.pp_split))}")
+        elif not self.tensor_parallel:
             words = [f"{self.strategy} over {self.world_size} ranks"]
         elif self.strategy == NO_DATA_PARALLEL:
             words = [f"tensor parallel over {self.world_size} ranks"]
@@ -338,6 +410,9 @@ class ParallelPlan:
             replicate_size=self.replicate_size,
             reshard_after_forward=self.resharding if self.sharded else None,
             bucket_cap_mb=None if self.sharded else self.bucket_cap,
+            pp_schedule=self.schedule if self.pipeline else None,
+            microbatches=self.microbatch_count if self.pipeline else None,
+            pp_split=list(self.pp_split) if self.pp_split else None,
         )
         return data
 

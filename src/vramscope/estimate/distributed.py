@@ -101,7 +101,10 @@ def communicators(plan: ParallelPlan) -> list[dict[str, Any]]:
     and replicate group instead; with tensor parallel, its group and the data-parallel
     group(s) of the mesh. NCCL's hold device memory outside the caching allocator (a
     constant each); gloo's none."""
-    if plan.strategy == "hsdp":
+    if plan.pipeline:
+        # the stages' sends and receives (batch_isend_irecv) over the pipeline's group
+        groups = [("pipeline", plan.pp)]
+    elif plan.strategy == "hsdp":
         groups = [("shard", plan.shard_group_size), ("replicate", plan.replicate_size)]
     elif plan.tensor_parallel:
         groups = [("data parallel", plan.dp_size)]
@@ -417,13 +420,14 @@ class RankTracer:
     # over gloo: the functional all-gathers traced (DTensor's Shard -> Replicate), which
     # gloo does not run for CUDA tensors (GLOO_CUDA_ALL_GATHER)
     functional_all_gathers: int = 0
+    pipeline: Any = None  # the PipelineApplied of this rank's stages, with pp
 
     def builder(self, builder: Builder) -> Builder:
         """``builder`` with FSDP2 applied to what it builds (the model materialized as
         shards: what the build made whole is not on the device). DDP is applied later,
         while the trace records (:meth:`setup`). Tensor parallel is applied inside the
         build too, before FSDP: the model is held as its shards from the start."""
-        if not self.plan.sharded and not self.plan.tensor_parallel:
+        if not self.plan.sharded and not self.plan.tensor_parallel and not self.plan.pipeline:
             return builder
 
         def build(batch_size: int, device: torch.device, precision: str | None = None) -> Workload:
@@ -432,6 +436,19 @@ class RankTracer:
             workload = call_builder(builder, batch_size, device, precision)
             if not isinstance(workload, Workload):
                 return workload  # build_workload reports the wrong type
+            if self.plan.pipeline:
+                from vramscope.distributed.pipeline import apply_pipeline
+
+                plan = self.plan
+                self.pipeline = apply_pipeline(
+                    workload,
+                    plan.pp,
+                    plan.pp_rank,
+                    plan.schedule,
+                    plan.microbatch_count,
+                    plan.pp_split,
+                )
+                return self.pipeline.workload
             self.applied = apply_plan(workload, self.plan, device, pin_memory=False)
             self._name_groups(self.applied.workload.model)
             return self.applied.workload
@@ -443,6 +460,9 @@ class RankTracer:
         """Wrap the model in DDP (and the optimizer in ZeroRedundancyOptimizer) while the
         trace records; the buckets DDP makes are labelled."""
         self.recorder = recorder
+        if self.pipeline is not None:
+            self.pipeline.step.workload = workload  # as the trace overrides it
+            return workload
         if self.plan.sharded or self.plan.tensor_parallel:
             return workload
         from vramscope.estimate.model_state import _force_foreach
@@ -653,6 +673,8 @@ def rank_loads(tracer: RankTracer) -> dict[str, Any]:
     partition; FSDP's last shards of a dimension that does not divide), the heaviest and
     lightest rank and the traced rank's optimizer state bytes per element."""
     applied, plan = tracer.applied, tracer.plan
+    if tracer.pipeline is not None:
+        return {"roles": _stage_roles(plan, tracer.pipeline.layout)}
     layout = applied.tensor_parallel if applied is not None else None
     # tensor-parallel coordinates that hold the same shapes
     if layout is not None:
@@ -792,6 +814,48 @@ def _roles(
     return roles
 
 
+def _stage_roles(plan: ParallelPlan, layout: Any) -> list[dict[str, Any]]:
+    """The pipeline's ranks by stage: each stage a role (its blocks, the micro-batches its
+    schedule keeps in flight), stages that hold the same and run the same order of forwards
+    and backwards sharing one (traced once)."""
+    from dataclasses import replace as replaced
+
+    from vramscope.distributed.pipeline import schedule_order
+
+    by_key: dict[Any, list[int]] = {}
+    layouts = {}
+    for stage in range(plan.pp):
+        mine = replaced(
+            layout,
+            rank=stage,
+            order=schedule_order(plan.schedule, plan.pp, plan.microbatch_count, stage),
+        )
+        layouts[stage] = mine
+        by_key.setdefault(mine.key(), []).append(stage)
+    roles = []
+    for stages in by_key.values():
+        ranks = sorted(r for r in range(plan.world_size) if plan.coordinates(r)["pp"] in stages)
+        info = layouts[stages[0]].to_dict()
+        info["stage"] = _ranges(stages)
+        roles.append(
+            {
+                "ranks": _ranges(ranks),
+                "count": len(ranks),
+                "first_rank": ranks[0],
+                "tp_ranks": None,
+                "dp_ranks": "0",
+                "optimizer_elements": None,
+                "tp_class": 0,
+                "trace_rank": ranks[0],
+                **info,
+            }
+        )
+    roles.sort(key=lambda r: r["first_rank"])
+    for role in roles[MAX_TRACED_ROLES:]:
+        role["trace_rank"] = None
+    return roles
+
+
 def _ranges(values: list[int]) -> str:
     """``0-3, 8-11`` for [0, 1, 2, 3, 8, 9, 10, 11]."""
     parts: list[str] = []
@@ -883,6 +947,14 @@ def _role_rows(
         if rank is not None:
             report = done[rank][0]
             row.update(traced_rank=rank, peak=_peak(report))
+            stage = done[rank][1].get("pipeline")
+            if stage is not None:
+                row.update(
+                    recv_buffer_bytes=stage["recv_buffer_bytes"],
+                    grad_recv_buffer_bytes=stage["grad_recv_buffer_bytes"],
+                    parameters=stage["parameters"],
+                    activations_at_peak_bytes=report.categories_at_peak.activations,
+                )
         else:
             like = next(
                 (
@@ -944,8 +1016,11 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
         "communicator_bytes": trace.communicator_bytes,
         "communicator_note": NCCL_SOURCE if plan.backend == "nccl" else GLOO_SOURCE,
     }
-    if plan.tensor_parallel:
+    if plan.tensor_parallel or plan.pipeline:
         section["mesh"] = _mesh_dims(plan)
+    if tracer.pipeline is not None:
+        section["description"] = PIPELINE_DESCRIPTION
+        section["pipeline"] = _pipeline_section(plan, tracer.pipeline)
     if applied is None:
         return section
     if applied.tensor_parallel is not None:
@@ -975,6 +1050,30 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
         if plan.cpu_offload:
             section["host_bytes"] = _host_bytes(applied.workload)
     return section
+
+
+PIPELINE_DESCRIPTION = (
+    "pipeline parallel: each rank one stage of the model, micro-batches in the schedule's order"
+)
+
+
+def _pipeline_section(plan: ParallelPlan, applied: Any) -> dict[str, Any]:
+    """What this rank's stage holds: its blocks, the micro-batches in flight, its receive
+    buffers."""
+    step = applied.step
+    return {
+        **applied.layout.to_dict(),
+        "schedule": plan.schedule,
+        "microbatches": plan.microbatch_count,
+        "stages": plan.pp,
+        "virtual_stages_per_rank": len(applied.layout.stages),
+        "split": [f"{s.start}-{s.stop - 1}" for s in applied.layout.blocks],
+        "parameters": applied.stage_parameters,
+        "model_parameters": applied.model_parameters,
+        "recv_buffer_bytes": step.recv_bytes,
+        "grad_recv_buffer_bytes": step.grad_recv_bytes,
+        "order": " ".join(f"{a.kind}{a.microbatch}" for a in applied.layout.order),
+    }
 
 
 def _mesh_dims(plan: ParallelPlan) -> dict[str, Any]:
@@ -1135,11 +1234,29 @@ def _attach(report: Report, plan: ParallelPlan, section: dict[str, Any], trace: 
     report.workload["strategy"] = plan.strategy
     if plan.tensor_parallel:
         report.workload["tp"] = plan.tp
+    if plan.pipeline:
+        report.workload["pp"] = plan.pp
+        report.workload["microbatches"] = plan.microbatch_count
     report.extra["distributed"] = section
     findings = []
     rank = section["rank"]
     roles = section.get("roles") or []
-    if len(roles) > 1 and "differences" not in section:
+    if plan.pipeline and len(roles) > 1:
+        shown = "; ".join(
+            f"stage {r['stage']} ({r['in_flight'][0]} in flight)"
+            + (f" {format_bytes(r['peak']['allocated_bytes'])}" if r.get("peak") else "")
+            for r in roles[:8]
+        )
+        findings.append(
+            Finding(
+                "ranks_differ",
+                "info",
+                f"pipeline stages differ in their blocks and in the micro-batches their "
+                f"schedule ({plan.schedule}) keeps in flight: {shown}; this report is rank "
+                f"{rank}'s (stage {section['pipeline']['stage']}), the most loaded",
+            )
+        )
+    elif len(roles) > 1 and "differences" not in section:
         shown = "; ".join(
             f"ranks {r['ranks']}"
             + (f" {format_bytes(r['peak']['allocated_bytes'])} allocated" if r.get("peak") else "")

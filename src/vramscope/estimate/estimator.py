@@ -127,6 +127,11 @@ def estimate(
             from vramscope.estimate.distributed import estimate_ranks
 
             parallel.check()
+            if parallel.pipeline and accumulate is not None and accumulate > 1:
+                raise VramscopeError(
+                    "--accumulate with --pp: a pipeline's micro-batches are its accumulation; "
+                    "give --microbatches"
+                )
             report = estimate_ranks(
                 spec,
                 batch_size,

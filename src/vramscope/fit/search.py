@@ -564,6 +564,17 @@ def fit(
                 # the ranks of a tensor-parallel group share one micro-batch
                 "job_batch_size": best * parallel.dp_size,
             }
+            if parallel.pipeline:
+                # each step runs the micro-batches through every stage: the answer is the
+                # micro-batch of the most loaded stage
+                job = report.extra.get("distributed") or {}
+                section["per_rank"].update(
+                    pp=parallel.pp,
+                    microbatches=parallel.microbatch_count,
+                    schedule=parallel.schedule,
+                    job_batch_size=best * parallel.microbatch_count * parallel.dp_size,
+                    most_loaded_stage=(job.get("pipeline") or {}).get("stage"),
+                )
         if effective_batch:
             per_gpu = effective_batch // (parallel.dp_size if parallel else 1)
             section["plans"] = _plans(est, per_gpu, best, target)

@@ -46,7 +46,15 @@ def answer_line(section: dict[str, Any]) -> str:
     line = f"{what}: {shown}"
     # the data-parallel ranks each take a micro-batch (a tensor-parallel group shares one)
     world = number(per_rank.get("dp_size")) or number(per_rank.get("world_size"))
-    if per_rank and best is not None and world is not None:
+    if per_rank.get("pp") and best is not None:
+        stage = per_rank.get("most_loaded_stage")
+        line = line.replace("Largest batch size per GPU", "Largest micro-batch")
+        line += (
+            f" for the most loaded stage{f' ({text(stage)})' if stage is not None else ''} "
+            f"({text(per_rank.get('summary'))}: "
+            f"{count(number(per_rank.get('job_batch_size')) or 0)} samples a step)"
+        )
+    elif per_rank and best is not None and world is not None:
         line += (
             f" ({text(per_rank.get('summary'))}: {count(best * world)} samples a step over the job)"
         )

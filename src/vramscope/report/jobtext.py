@@ -106,6 +106,9 @@ def roles(job: dict[str, Any]) -> list[dict[str, str]]:
                 "device_used": b(number(peak.get("device_used_bytes"))) if peak else "",
                 "optimizer_state": b(state) if state is not None else "",
                 "heaviest": "heaviest" if traced is not None and traced == job.get("rank") else "",
+                "stage": text(role.get("stage")) if role.get("stage") is not None else "",
+                "holds": "; ".join(text(h) for h in _list(role.get("holds"))),
+                "in_flight": ", ".join(text(n) for n in _list(role.get("in_flight"))),
             }
         )
     return rows

@@ -347,6 +347,8 @@ def _roles_table(report: Report) -> RenderableType | None:
     rows = jobtext.roles(_job(report))
     if not rows:
         return None
+    if any(r["stage"] for r in rows):
+        return _stages_table(rows)
     t = Table(box=box.SIMPLE_HEAD, title="Ranks by role (each role traced once)")
     tp = any(r["tp"] for r in rows)
     t.add_column("ranks")
@@ -365,6 +367,35 @@ def _roles_table(report: Report) -> RenderableType | None:
         cells = [r["ranks"], r["count"], *([r["tp"]] if tp else []), r["dp"], r["traced"]]
         t.add_row(*cells, r["allocated"], r["reserved"], r["device_used"], r["heaviest"])
         narrow.add_row(r["ranks"], r["traced"], r["allocated"], r["reserved"])
+    return fitting(t, narrow)
+
+
+def _stages_table(rows: list[dict[str, str]]) -> RenderableType:
+    """A pipeline's stages: one row per stage (stages alike share one), what it holds, the
+    micro-batches its schedule keeps in flight, its peaks."""
+    title = "Pipeline stages (each traced once)"
+    t = Table(box=box.SIMPLE_HEAD, title=title)
+    for name in ("stage", "ranks", "holds", "in flight", "traced"):
+        t.add_column(name, justify="right" if name == "in flight" else "left")
+    for name in ("peak allocated", "peak reserved", "device used"):
+        t.add_column(name, justify="right")
+    t.add_column("")
+    narrow = Table(box=box.SIMPLE_HEAD, title=title)
+    for name in ("stage", "in flight", "peak allocated", "peak reserved"):
+        narrow.add_column(name, justify="left" if name == "stage" else "right")
+    for r in rows:
+        t.add_row(
+            r["stage"],
+            r["ranks"],
+            r["holds"],
+            r["in_flight"],
+            r["traced"],
+            r["allocated"],
+            r["reserved"],
+            r["device_used"],
+            r["heaviest"],
+        )
+        narrow.add_row(r["stage"], r["in_flight"], r["allocated"], r["reserved"])
     return fitting(t, narrow)
 
 

@@ -1,0 +1,224 @@
+"""Per-rank estimates with pipeline parallel: the small Llama of distributed_workloads cut
+into stages (its repeated blocks divided evenly, the embedding on the first stage, the norm,
+head and loss on the last), each stage run in its schedule's order of forwards and
+backwards under torch's fake process group. The numbers asserted follow from what a stage
+keeps: the activations of the micro-batches its schedule has in flight, a receive buffer
+per micro-batch for each activation and each gradient crossing its boundaries."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from vramscope import schema
+from vramscope.cli.main import main
+from vramscope.distributed.pipeline import most_in_flight, schedule_order, split_blocks
+from vramscope.distributed.sharding import ParallelPlan
+from vramscope.estimate.estimator import estimate
+from vramscope.workload import resolve
+
+HERE = Path(__file__).resolve().parent
+LLAMA = f"{HERE / 'distributed_workloads.py'}:llama"  # 2 layers, width 64, 32 tokens
+LLAMA4 = f"{HERE / 'distributed_workloads.py'}:llama4"  # the same, 4 layers
+BATCH = 16
+# one micro-batch's hidden state between two blocks: batch × tokens × width, float32
+BOUNDARY = BATCH * 32 * 64 * 4
+
+
+def pp(spec: str, stages: int, schedule: str = "1f1b", microbatches: int | None = None, **kw):
+    plan = ParallelPlan(
+        "none", stages, pp=stages, pp_schedule=schedule, microbatches=microbatches, **kw
+    )
+    return estimate(spec, BATCH, parallel=plan.check())
+
+
+def stages(report) -> dict[str, dict]:
+    return {r["stage"]: r for r in report.extra["distributed"]["roles"]}
+
+
+def allocated(row: dict) -> int:
+    return row["peak"]["allocated_bytes"]
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+# ---- the order of each schedule ----------------------------------------------------------
+
+
+def test_1f1b_keeps_as_many_micro_batches_in_flight_as_stages_after_it():
+    # stage s of N forwards N - s micro-batches before its first backward
+    flight = [most_in_flight(schedule_order("1f1b", 4, 8, s)) for s in range(4)]
+    assert flight == [{0: 4}, {1: 3}, {2: 2}, {3: 1}]
+    # GPipe forwards all M first
+    assert [most_in_flight(schedule_order("gpipe", 4, 8, s)) for s in range(4)] == [
+        {s: 8} for s in range(4)
+    ]
+
+
+def test_interleaved_order_is_torchs_two_virtual_stages_per_rank():
+    order = schedule_order("interleaved-1f1b", 2, 4, 0)
+    # rank 0 holds stages 0 and 2; every micro-batch forwarded and backwarded on each
+    assert {a.stage for a in order} == {0, 2}
+    assert sorted((a.kind, a.stage, a.microbatch) for a in order) == sorted(
+        (k, s, m) for k in "FB" for s in (0, 2) for m in range(4)
+    )
+    assert most_in_flight(order) == {0: 4, 2: 2}
+
+
+def test_blocks_divide_evenly_the_first_stages_taking_the_rest():
+    assert split_blocks(10, 4) == [range(0, 3), range(3, 6), range(6, 8), range(8, 10)]
+    assert split_blocks(10, 2, (7,)) == [range(0, 7), range(7, 10)]
+
+
+# ---- what each stage holds ---------------------------------------------------------------
+
+
+def test_each_stage_holds_its_own_parameters_and_receive_buffers():
+    report = pp(LLAMA, 2, microbatches=4)
+    rows = stages(report)
+    first, last = rows["0"], rows["1"]
+    assert first["holds"] == ["embed_tokens, layers.0"]
+    assert last["holds"] == ["layers.1, norm, lm_head, the loss"]
+    model = resolve(LLAMA).builder(2, torch.device("meta")).model
+
+    def params(*names: str) -> tuple[int, int]:
+        """The modules' parameters: how many, and their blocks (each float32, rounded to
+        the allocator's 512 bytes)."""
+        ps = [p for n in names for p in model.get_submodule(n).parameters()]
+        return sum(p.numel() for p in ps), sum(math.ceil(p.numel() * 4 / 512) * 512 for p in ps)
+
+    held = {"0": params("embed_tokens", "layers.0"), "1": params("layers.1", "norm", "lm_head")}
+    assert first["parameters"] == held["0"][0] and last["parameters"] == held["1"][0]
+    # torch's PipelineStage: a buffer per micro-batch for the activation coming in (not on
+    # the first stage) and for the gradient coming back (not on the last)
+    assert first["recv_buffer_bytes"] == 0 and last["grad_recv_buffer_bytes"] == 0
+    assert last["recv_buffer_bytes"] == first["grad_recv_buffer_bytes"] == 4 * BOUNDARY
+    # the report is the most loaded stage's, and its parameters are that stage's
+    job = report.extra["distributed"]
+    heaviest = max(rows.values(), key=allocated)
+    assert job["rank"] == heaviest["traced_rank"]
+    assert report.categories_at_peak.parameters == held[heaviest["stage"]][1]
+    assert report.categories_at_peak.optimizer_state == 2 * held[heaviest["stage"]][1]
+    assert [r["rank"] for r in job["traced_ranks"]] == [0, 1]
+
+
+def test_gpipe_holds_every_micro_batch_each_one_more_costs_its_activations_and_buffer():
+    two, four = (stages(pp(LLAMA, 2, "gpipe", m)) for m in (2, 4))
+    assert two["0"]["in_flight"] == [2] and four["0"]["in_flight"] == [4]
+    # one micro-batch's activations of the first stage (its embedding and block)
+    one = (four["0"]["activations_at_peak_bytes"] - two["0"]["activations_at_peak_bytes"]) // 2
+    assert one > 10 * BOUNDARY  # a Llama block saves many times its input
+    # each micro-batch more: its activations and one more gradient receive buffer
+    assert allocated(four["0"]) - allocated(two["0"]) == 2 * (one + BOUNDARY)
+    # the last stage: its activations, and one more activation receive buffer
+    last = (four["1"]["activations_at_peak_bytes"] - two["1"]["activations_at_peak_bytes"]) // 2
+    assert allocated(four["1"]) - allocated(two["1"]) == 2 * (last + BOUNDARY)
+    # 1F1B with 4 micro-batches: stage 0 keeps 2 in flight (N - 0), the last stage 1
+    onef = stages(pp(LLAMA, 2, "1f1b", 4))
+    assert onef["0"]["in_flight"] == [2] and onef["1"]["in_flight"] == [1]
+    # ... so its first stage holds 2 micro-batches' activations where GPipe holds 4
+    saved = four["0"]["activations_at_peak_bytes"] - onef["0"]["activations_at_peak_bytes"]
+    assert saved == pytest.approx(2 * one, rel=0.01)
+    assert allocated(onef["0"]) < allocated(four["0"])
+    # and the last stage one micro-batch's, where GPipe's holds 4
+    assert onef["1"]["activations_at_peak_bytes"] == pytest.approx(last, rel=0.01)
+
+
+def test_stages_alike_are_traced_once():
+    # GPipe over 4 stages of one block: the middle two hold the same and run the same order
+    report = pp(LLAMA4, 4, "gpipe", 4)
+    job = report.extra["distributed"]
+    assert [r["stage"] for r in job["roles"]] == ["0", "1-2", "3"]
+    assert [r["rank"] for r in job["traced_ranks"]] == [0, 1, 3]
+    middle = stages(report)["1-2"]
+    assert middle["ranks"] == "1-2" and middle["count"] == 2
+    assert middle["holds"] == ["layers.1"] and middle["in_flight"] == [4]
+    assert middle["recv_buffer_bytes"] == middle["grad_recv_buffer_bytes"] == 4 * BOUNDARY
+
+
+def test_interleaved_ranks_hold_two_virtual_stages():
+    report = pp(LLAMA4, 2, "interleaved-1f1b", 2)
+    rows = stages(report)
+    assert rows["0"]["virtual_stages"] == [0, 2] and rows["1"]["virtual_stages"] == [1, 3]
+    assert rows["0"]["holds"] == ["embed_tokens, layers.0", "layers.2"]
+    assert rows["1"]["holds"] == ["layers.1", "layers.3, norm, lm_head, the loss"]
+    flight = most_in_flight(schedule_order("interleaved-1f1b", 2, 2, 0))
+    assert rows["0"]["in_flight"] == [flight[0], flight[2]]
+    # rank 0 receives into stage 2 and gets gradients back for stages 0 and 2
+    assert rows["0"]["recv_buffer_bytes"] == 2 * BOUNDARY
+    assert rows["0"]["grad_recv_buffer_bytes"] == 2 * 2 * BOUNDARY
+
+
+def test_split_points_move_blocks_between_stages(capsys, tmp_path):
+    out = tmp_path / "stages.json"
+    code, stdout, _ = run_cli(
+        capsys, "estimate", LLAMA4, "-b", "4", "--pp", "2", "--pp-split", "3", "--json", str(out)
+    )
+    assert code == 0
+    assert "Pipeline stages (each traced once)" in stdout
+    data = json.loads(out.read_text())
+    assert schema.errors(data) == []
+    rows = data["distributed"]["roles"]
+    assert [(r["stage"], r["ranks"], r["in_flight"]) for r in rows] == [
+        ("0", "0", [2]),
+        ("1", "1", [1]),
+    ]
+    assert [r["holds"] for r in rows] == [
+        ["embed_tokens, layers.0-2"],
+        ["layers.3, norm, lm_head, the loss"],
+    ]
+    job = data["distributed"]
+    assert job["plan"]["pp_split"] == [3]
+    assert job["pipeline"]["schedule"] == "1f1b"
+    assert job["pipeline"]["microbatches"] == 4  # twice the stages
+    assert data["workload"]["pp"] == 2
+
+
+# ---- fit and the command line --------------------------------------------------------------
+
+
+def test_fit_answers_the_micro_batch_of_the_most_loaded_stage():
+    from vramscope.fit.search import fit
+
+    plan = ParallelPlan("none", 2, pp=2, microbatches=4)
+    report = fit(LLAMA, budget="200MiB", max_batch_size=2, parallel=plan)
+    section = report.extra["fit"]
+    best = section["max_batch_size"]
+    assert best == 2  # the cap: a small model
+    per_rank = section["per_rank"]
+    assert per_rank["pp"] == 2 and per_rank["microbatches"] == 4
+    assert per_rank["job_batch_size"] == best * 4  # 4 micro-batches a step
+    assert per_rank["most_loaded_stage"] in (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--world-size", "3", "--pp", "2"], "--pp 2 does not divide --world-size 3"),
+        (["--pp", "3"], "3 stages but the model has 2 repeated blocks"),
+        (["--pp", "2", "--pp-schedule", "zb"], "unknown --pp-schedule 'zb'"),
+        (["--pp", "2", "--microbatches", "1"], "1F1B needs at least one micro-batch per stage"),
+        (["--pp", "2", "--pp-schedule", "interleaved-1f1b"], "4 stages but the model has 2"),
+        (["--world-size", "4", "--pp", "2"], "not yet supported"),
+        (["--world-size", "4", "--pp", "2", "--strategy", "fsdp"], "not yet supported"),
+        (["--world-size", "4", "--pp", "2", "--tp", "2"], "--pp with --tp is not yet supported"),
+        (["--microbatches", "4"], "--microbatches applies with --pp"),
+        (["--pp", "2", "--pp-split", "1,2"], "2 stages need 1"),
+        (["--pp", "2", "--pp-split", "a"], "block indices separated by commas"),
+        (["--pp", "2", "--accumulate", "2"], "give --microbatches"),
+    ],
+)
+def test_bad_pipelines_are_one_line_and_exit_2(capsys, args, needle):
+    code, _, err = run_cli(capsys, "estimate", LLAMA, "-b", "2", *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vramscope: error:") and needle in lines[0]
