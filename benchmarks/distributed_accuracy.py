@@ -314,6 +314,12 @@ GLOO_CUDA_SKIP = (
     "collectives (DTensor Shard to Replicate), for which gloo has no CUDA path (the rank "
     "dies of SIGSEGV); the estimate warns of it (gloo_cuda_all_gather)"
 )
+GLOO_CUDA_P2P_SKIP = (
+    "not measured on CUDA over gloo: a pipeline's stages send and receive CUDA tensors, "
+    "for which gloo has no path (torch 2.11 on an H200: isend fails with 'writev: Bad "
+    "address' and the rank aborts; results/distributed_accuracy_pp_h200.json); it needs "
+    "two GPUs over NCCL"
+)
 # a rank's exception that only says another rank went away first
 _SECONDARY = (
     "Connection closed by peer",
@@ -619,6 +625,10 @@ def compare_main(args: argparse.Namespace) -> int:
             say(f"{name:24s} skipped (needs transformers)")
             continue
         estimated = estimate_ranks(case, args.gpu)
+        if device == "cuda" and case[4].get("pp", 1) > 1 and not args.force_p2p:
+            cases.append({"case": name, "skipped": GLOO_CUDA_P2P_SKIP})
+            say(f"{name:24s} skipped: {GLOO_CUDA_P2P_SKIP}")
+            continue
         if device == "cuda" and estimated["functional_all_gathers"]:
             # the job would die of SIGSEGV (the estimate's gloo_cuda_all_gather warning)
             cases.append({"case": name, "skipped": GLOO_CUDA_SKIP})
@@ -776,6 +786,11 @@ def main() -> int:
         "--measured",
         metavar="FILE",
         help="estimate again, without a GPU, against the measurements recorded in FILE",
+    )
+    parser.add_argument(
+        "--force-p2p",
+        action="store_true",
+        help="measure pipeline cases on CUDA over gloo all the same (their ranks abort there)",
     )
     parser.add_argument("--out", default=str(HERE / "results" / "distributed_accuracy_h200.json"))
     args = parser.parse_args()
