@@ -435,3 +435,61 @@ def test_a_float32_patch_embedding_takes_no_forward_workspace_and_copies_its_gra
     (weight,) = [b for b in trace.blocks.values() if "(weight)" in b.op]
     x, grad = 16 * 3 * 160 * 160 * 4, 16 * 64 * 10 * 10 * 4
     assert weight.size >= x + 2 * grad  # input and gradient transposed, and the copy
+
+
+def test_max_pooling_copies_an_input_that_is_not_dense_as_recorded():
+    """SAM2's Hiera pools its queries out of the fused q/k/v projection (a view three times
+    the pooled tensor's size): on the H200 max pooling made each such input contiguous,
+    forward and backward, a copy the size of the input's elements, freed when the kernel
+    ended; a dense input was not copied."""
+    doc = load("sam2_hiera_tiny-ckpt-fp32")
+    checked = {"view": 0, "dense": 0}
+    for name in ("max_pool2d_with_indices", "max_pool2d_with_indices_backward"):
+        for args, sizes in _internal_allocations(doc, name):
+            x = args[0] if name == "max_pool2d_with_indices" else args[1]
+            elements = 4 * _meta(x).numel()
+            if x["bytes"] > elements:  # a view into a larger storage: not dense
+                assert elements in sizes, (name, x, sizes)
+                checked["view"] += 1
+            else:
+                assert elements not in sizes or name.endswith("backward"), (name, x, sizes)
+                checked["dense"] += 1
+    assert checked["view"] >= 12 and checked["dense"] >= 6
+
+
+class _PooledQueries(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Conv2d(8, 24, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.qkv(x)[:, :8]  # a channel slice of the fused projection
+        return torch.nn.functional.max_pool2d(q, 2) + 0
+
+
+def test_the_estimate_copies_a_pooled_view_and_a_permuted_layer_norm_input():
+    import vramscope
+    from vramscope.estimate import trace as tracing
+    from vramscope.estimate.profiles import get_profile
+    from vramscope.workload import resolve
+
+    def build(batch_size: int, device: torch.device) -> vramscope.Workload:
+        m = _PooledQueries().to(device)
+        norm = torch.nn.LayerNorm(8).to(device)
+        return vramscope.Workload(
+            model=torch.nn.ModuleList([m, norm]),
+            optimizer=torch.optim.SGD([*m.parameters(), *norm.parameters()]),
+            batch=lambda: torch.randn(batch_size, 8, 32, 32, device=device),
+            loss=lambda model, x: model[1](model[0](x).permute(0, 2, 3, 1)).sum(),
+        )
+
+    trace = tracing.trace_workload(resolve(build), 4, get_profile("h200"), steps=1)
+    sizes = {}
+    for b in trace.blocks.values():
+        sizes.setdefault(b.op, []).append(b.size)
+    view = 4 * 8 * 32 * 32 * 4  # the sliced query's elements, in float32
+    pooled = 4 * 16 * 16 * 8 * 4
+    # forward: the input; backward: the input, and the output's gradient, which comes
+    # back through the permute not dense either
+    assert sizes["max pooling contiguous copy"] == [view, view, pooled]
+    assert sizes["layer norm contiguous input"] == [pooled]

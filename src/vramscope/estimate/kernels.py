@@ -542,6 +542,18 @@ def after_op(
             plan += [("alloc", name, size) for name, size in buffers]
             plan += [("free", name) for name, _ in reversed(buffers)]
             recorder.kernel_sequence(plan, "temporary", "safe softmax masks")
+    elif func in _MAX_POOL_2D:
+        _max_pool_copies(recorder, func, args)
+    elif func is aten.native_layer_norm.default:
+        # layer_norm_cuda (layer_norm.cpp): ``input.expect_contiguous()`` before its outputs,
+        # kept until it returns (recorded on an H200: a permuted [8, 224, 224, 96] input,
+        # Hiera's first block, copies 147 MiB ahead of the output)
+        x = args[0]
+        if _on_cuda(x) and not x.is_contiguous() and isinstance(out, (tuple, list)):
+            plan: list[tuple[Any, ...]] = [("alloc", "x", x.numel() * x.element_size())]
+            plan += [("out", t) for t in out if isinstance(t, torch.Tensor)]
+            plan.append(("free", "x"))
+            recorder.kernel_sequence(plan, "temporary", "layer norm contiguous input")
     elif func is aten.embedding_dense_backward.default:
         _embedding_backward(recorder, args[0], args[1], "embedding bwd")
     elif func in _CTC_BACKWARD:
@@ -668,11 +680,42 @@ def _note_cudnn(recorder: Recorder, func: Any, args: tuple[Any, ...]) -> None:
     recorder.libraries.add("cudnn" if forward else "cudnn_backward")
 
 
+# CUDA max pooling (DilatedMaxPool2d.cu): op -> positions of the tensors the kernel makes
+# contiguous, in its input's suggested memory format, after its outputs are allocated
+_MAX_POOL_2D = {
+    aten.max_pool2d_with_indices.default: (0,),
+    aten.max_pool2d_with_indices_backward.default: (1, 0, 7),  # input, grad_output, indices
+}
+
+
+def _max_pool_copies(recorder: Recorder, func: Any, args: tuple[Any, ...]) -> None:
+    """``input_.contiguous(input_.suggest_memory_format())`` (and the backward's grad_output
+    and indices): a copy of each that is not dense in that format (a slice of a fused
+    q/k/v projection, pooled as SAM2's Hiera pools its queries), alive until the kernel ends.
+    Recorded on an H200: Hiera's query pooling copies its 308 MiB input in the forward and
+    again in the backward."""
+    from torch._prims_common import suggest_memory_format
+
+    tensors = [args[i] for i in _MAX_POOL_2D[func] if i < len(args)]
+    if not tensors or not isinstance(tensors[0], torch.Tensor) or not _on_cuda(tensors[0]):
+        return
+    memory_format = suggest_memory_format(tensors[0])
+    plan: list[tuple[Any, ...]] = []
+    for index, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and not t.is_contiguous(memory_format=memory_format):
+            plan.append(("alloc", f"copy{index}", t.numel() * t.element_size()))
+    if plan:
+        plan += [("free", item[1]) for item in reversed(plan)]
+        recorder.kernel_sequence(plan, "temporary", "max pooling contiguous copy")
+
+
 # the native CTC loss's backward: op -> position of its log_alpha argument
 _CTC_BACKWARD = {aten._ctc_loss_backward.default: 6, aten._ctc_loss_backward.Tensor: 6}
 
 _INTERESTING = frozenset(
     {
+        *_MAX_POOL_2D,
+        aten.native_layer_norm.default,
         *_CTC_BACKWARD,
         *_CUBLAS_OPS,
         *_LT_OPS,
