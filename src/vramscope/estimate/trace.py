@@ -381,7 +381,15 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
         recorder = self.recorder
         if isinstance(out, torch.Tensor):
             recorder.see(out, func.__name__)
-            if func is _ADD and recorder.in_backward and recorder.recording:
+            # autograd sums two gradients with grad mode off (InputBuffer::accumulate adds in
+            # place only then); an add with grad mode on is forward code run again inside
+            # backward (activation checkpointing's recomputation): a plain new tensor
+            if (
+                func is _ADD
+                and recorder.in_backward
+                and recorder.recording
+                and not torch.is_grad_enabled()
+            ):
                 with recorder.lock:
                     recorder.gradient_sum(out, args)
             outs = (out,)
