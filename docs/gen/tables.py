@@ -220,12 +220,27 @@ def zoo_summary(root: Path) -> str:
     under = summary["allocated_under_3pct"]["models"]
     used = summary["device_used_under"]
     seconds = sorted(r["estimate_seconds"] for r in data["rows"] if r.get("estimate_seconds"))
+    parts = (meta["estimated"].get("reestimated") or {}).get("parts")
+    if parts:  # estimated again in parts, on more than one machine
+        where = "; ".join(
+            f"{p['workloads']} on {p['cpus']} CPUs with torch {p['libraries']['torch']}"
+            for p in parts
+        )
+    else:
+        where = (
+            f"on a {meta['estimated']['estimated_on']['cpus']}-core CPU with torch "
+            f"{meta['estimated']['libraries']['torch']}"
+        )
+    bound = ""
+    if used.get("point_under_models") is not None:
+        bound = (
+            f" by its upper bound; the point estimate: {used['point_under_models']} "
+            f"({used['point_under_share_pct']} %)"
+        )
     notes = [
-        f"{summary['compared']} models compared with a measurement (estimated on a "
-        f"{meta['estimated']['estimated_on']['cpus']}-core CPU with torch "
-        f"{meta['estimated']['libraries']['torch']}, measured on an "
-        f"{measured_on(meta['measured'])}). Allocated under-estimated by more than 3 %: "
-        f"{len(under)}. Device used under-estimated: {used['models']} models "
+        f"{summary['compared']} models compared with a measurement (estimated {where}; "
+        f"measured on an {measured_on(meta['measured'])}). Allocated under-estimated by more "
+        f"than 3 %: {len(under)}. Device used under-estimated{bound}: {used['models']} models "
         f"({used['share_pct']} %; target {used['target']}).",
     ]
     ranged = summary.get("data_dependent")
@@ -239,7 +254,8 @@ def zoo_summary(root: Path) -> str:
         median = seconds[len(seconds) // 2]
         notes.append(
             f"Estimate time on the sweep: median {median:.1f} s, worst {seconds[-1]:.1f} s "
-            f"(2 estimates at a time on 2 cores that were also running other work: `benchmarks/estimate_speed.py` gives the times of one estimate alone)."
+            f"({'machines as above, several estimates at a time' if parts else '2 estimates at a time on 2 cores'}, which were also running other work: "
+            f"`benchmarks/estimate_speed.py` gives the times of one estimate alone)."
         )
     return block(
         markdown(["library", "ran a real step", "estimated", "coverage"], libraries),
