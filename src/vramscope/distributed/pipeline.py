@@ -475,7 +475,7 @@ def apply_pipeline(
                         sub._buffers[key] = torch.empty_like(t)
         if name:
             _set_module(model, name, _Elsewhere(module))
-    from vramscope.distributed.sharding import _constructor_defaults
+    from vramscope.distributed.optim import constructor_defaults
 
     optimizer = workload.optimizer
     groups = []
@@ -483,7 +483,7 @@ def apply_pipeline(
         params = [p for p in group["params"] if id(p) in kept]
         if params:
             groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
-    optimizer = type(optimizer)(groups, **_constructor_defaults(optimizer))
+    optimizer = type(optimizer)(groups, **constructor_defaults(optimizer))
     done = replace(workload, model=model, optimizer=optimizer)
     step = PipelineStep(done, layout)
     done = replace(done, step=step)

@@ -42,12 +42,12 @@ refused (:data:`NOT_YET`).
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
+from vramscope.distributed.optim import constructor_defaults
 from vramscope.errors import VramscopeError
 from vramscope.workload import Workload
 
@@ -514,7 +514,7 @@ def apply_plan(
     if optimizer is not None:
         optimizer = type(optimizer)(
             _param_groups(optimizer, (names, dict(model.named_parameters()))),
-            **_constructor_defaults(optimizer),
+            **constructor_defaults(optimizer),
         )
     done = replace(workload, model=model, optimizer=optimizer)
     return Applied(done, units, unit_class, groups, tensor_parallel=layout, mesh=mesh)
@@ -542,7 +542,7 @@ def _apply_ddp(
         zero = ZeroRedundancyOptimizer(
             _param_groups(optimizer, None),
             optimizer_class=type(optimizer),
-            **_constructor_defaults(optimizer),
+            **constructor_defaults(optimizer),
         )
         optimizer = zero
     done = replace(workload, model=model, optimizer=optimizer)
@@ -598,14 +598,3 @@ def _param_groups(
             params = [new[names[id(p)]] for p in params]
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
     return groups
-
-
-def _constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's defaults its constructor accepts (to make one of the same kind)."""
-    try:
-        accepted = inspect.signature(type(optimizer).__init__).parameters
-    except (TypeError, ValueError):
-        return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
-        return dict(optimizer.defaults)
-    return {k: v for k, v in optimizer.defaults.items() if k in accepted}
