@@ -24,6 +24,8 @@ from vramscope.units import format_bytes
 
 GiB = 2**30
 MiB = 2**20
+# one worker runs this module (`--dist loadgroup`): its estimates of the CNN are made once
+pytestmark = pytest.mark.xdist_group("answers")
 
 
 def vramscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

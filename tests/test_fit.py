@@ -27,6 +27,8 @@ from vramscope.fit.strategies import (
 )
 
 MiB = 2**20
+# one worker runs this module (`--dist loadgroup`): the fit of the CNN is made once
+pytestmark = pytest.mark.xdist_group("fit")
 
 
 def test_interpolation_search_finds_the_boundary_in_few_evaluations():
