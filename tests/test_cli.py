@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from vramscope.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "train_loop.py"
@@ -21,6 +25,21 @@ def vramscope(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
         cwd=cwd,
         timeout=300,
     )
+
+
+def vramscope_here(*args: str) -> subprocess.CompletedProcess:
+    """The command line run in this process: what ``main`` writes and its exit code. For the
+    many ways input can be bad, which ``main`` turns into one line; a fresh interpreter's
+    start-up (several seconds of imports each) is checked by the tests that start one."""
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        pytest.raises(SystemExit) as exit_info,
+    ):
+        main(list(args))
+    code = int(exit_info.value.code or 0)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
@@ -47,6 +66,18 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, needle: str) -> Non
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, needle):
+    assert_one_line_error(vramscope_here(*args), needle)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "missing.py"], "no such script"),
+        (["measure", "example:nope"], "no built-in example"),
+    ],
+)
+def test_bad_input_to_the_command_itself_is_one_line_and_exit_2(args, needle):
+    """The same in a fresh ``python -m vramscope``: nothing its imports print gets in."""
     assert_one_line_error(vramscope(*args), needle)
 
 
@@ -54,7 +85,7 @@ def test_build_that_raises_shows_its_error(tmp_path):
     wl = tmp_path / "wl.py"
     wl.write_text("def build(batch_size, device):\n    return 1 / 0\n")
     assert_one_line_error(
-        vramscope("measure", f"{wl}:build"), "ZeroDivisionError: division by zero (at wl.py:2)"
+        vramscope_here("measure", f"{wl}:build"), "ZeroDivisionError: division by zero (at wl.py:2)"
     )
 
 

@@ -21,6 +21,8 @@ import pytest
 from vramscope.report.model import Report
 
 SCRIPT = Path(__file__).parent / "scripts" / "compiled_gpt.py"
+# one worker runs this module (`--dist loadgroup`): each plain run is made once (`_run`)
+pytestmark = pytest.mark.xdist_group("compile")
 
 
 @functools.cache

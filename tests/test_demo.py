@@ -23,6 +23,8 @@ from vramscope.report.model import Report
 from vramscope.units import format_bytes, round_up
 
 DATA = Path(__file__).parent / "data"
+# one worker runs this module (`--dist loadgroup`): `vramscope demo` runs once
+pytestmark = pytest.mark.xdist_group("demo")
 
 
 @pytest.fixture(scope="module")

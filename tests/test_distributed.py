@@ -29,7 +29,11 @@ MIB = 2**20
 # the script's model: Linear(64, 256), Linear(256, 256), Linear(256, 8) in float32
 PARAMETER_BYTES = 4 * ((64 * 256 + 256) + (256 * 256 + 256) + (256 * 8 + 8))
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="torchrun jobs on POSIX")
+pytestmark = [
+    pytest.mark.skipif(sys.platform == "win32", reason="torchrun jobs on POSIX"),
+    # one worker runs this module (`--dist loadgroup`): the job of 3 ranks runs once
+    pytest.mark.xdist_group("distributed"),
+]
 
 
 def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:

@@ -28,6 +28,10 @@ SUITE = {
 }
 
 
+# one worker runs this module (`--dist loadgroup`): the GPT is estimated once
+pytestmark = pytest.mark.xdist_group("estimate")
+
+
 def error(estimated: int, measured: int) -> float:
     return abs(estimated / measured - 1)
 

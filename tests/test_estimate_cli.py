@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from test_cli import vramscope_here
+
 
 def vramscope(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -58,7 +60,7 @@ def test_a_workload_that_does_not_fit_says_by_how_much():
 
 
 def test_list_gpus_names_every_profile():
-    proc = vramscope("estimate", "--list-gpus")
+    proc = vramscope_here("estimate", "--list-gpus")
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
     names = [line.split()[0] for line in lines[1:]]
@@ -82,9 +84,14 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str):
 
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU: --validate would measure")
-    assert_one_line_error(vramscope("estimate", "example:gpt", *args), needle)
+    assert_one_line_error(vramscope_here("estimate", "example:gpt", *args), needle)
+
+
+def test_bad_input_in_a_fresh_process_is_one_line_and_exit_2():
+    """As above, from ``python -m vramscope``: nothing the estimator's imports print gets in."""
+    assert_one_line_error(vramscope("estimate", "example:gpt", "--gpu", "h900"), "unknown GPU")
 
 
 def test_missing_workload_is_a_usage_error():
-    proc = vramscope("estimate")
+    proc = vramscope_here("estimate")
     assert proc.returncode == 2 and "missing WORKLOAD" in proc.stderr

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from test_cli import vramscope_here
 from vramscope.examples import ExampleCNN, ExampleGPT
 from vramscope.fit.compare import compare
 from vramscope.fit.search import (
@@ -26,6 +27,8 @@ from vramscope.fit.strategies import (
 )
 
 MiB = 2**20
+# one worker runs this module (`--dist loadgroup`): the fit of the CNN is made once
+pytestmark = pytest.mark.xdist_group("fit")
 
 
 def test_interpolation_search_finds_the_boundary_in_few_evaluations():
@@ -95,15 +98,22 @@ def test_verify_search_needs_two_trials_when_the_estimate_is_exact():
     assert _search_from(fits, 40, 1024) == 37 and len(trials) <= 4
 
 
-def test_fit_from_the_estimator_alone():
-    report = fit("example:cnn", budget="1GiB", margin="5%", max_batch_size=512)
+@pytest.fixture(scope="module")
+def cnn_fit():
+    """One fit of the example CNN under a 512 MiB budget, with the plans for an effective
+    batch of 128 (estimated after the search, which they leave as it was)."""
+    return fit("example:cnn", budget="512MiB", margin="5%", max_batch_size=512, effective_batch=128)
+
+
+def test_fit_from_the_estimator_alone(cnn_fit):
+    report = cnn_fit
     section = report.extra["fit"]
     best = section["max_batch_size"]
     assert 10 < best < 512
     # under a budget the simulated allocator is capped, as set_per_process_memory_fraction
     # caps the real one: reserved never passes the cap, and a batch that does not fit runs out
     curve = {p["batch_size"]: p for p in section["curve"]}
-    assert curve[best]["fits"] and curve[best]["peak"]["reserved_bytes"] <= 0.95 * 2**30
+    assert curve[best]["fits"] and curve[best]["peak"]["reserved_bytes"] <= 0.95 * 512 * MiB
     assert any(b > best and not p["fits"] for b, p in curve.items())
     assert section["max_batch_size_without_margin"] >= best
     data = report.to_dict()
@@ -119,10 +129,11 @@ def test_a_budget_below_the_parameters_says_what_is_needed():
     assert "Does not fit, even at batch size 1" in message and "parameters alone" in message
 
 
-def test_effective_batch_plans():
-    report = fit("example:cnn", budget="1GiB", max_batch_size=512, effective_batch=512)
+def test_effective_batch_plans(cnn_fit):
+    report = cnn_fit
     plans = report.extra["fit"]["plans"]
-    assert all(p["micro_batch"] * p["accumulate"] == 512 for p in plans)
+    assert all(p["micro_batch"] * p["accumulate"] == 128 for p in plans)
+    assert not plans[0]["fits"] and len(plans) > 1  # from the largest micro-batch down
     rec = report.extra["fit"]["recommended_plan"]
     assert rec["fits"] and rec["micro_batch"] <= report.extra["fit"]["max_batch_size"]
 
@@ -202,11 +213,19 @@ def test_unknown_strategy():
     ],
 )
 def test_bad_input_one_line_exit_2(args, needle):
-    proc = subprocess.run(
-        [sys.executable, "-m", "vramscope", *args], capture_output=True, text=True
-    )
+    proc = vramscope_here(*args)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+def test_bad_input_in_a_fresh_process_is_one_line_exit_2():
+    proc = subprocess.run(
+        [sys.executable, "-m", "vramscope", "compare", "example:cnn", "--strategies", "magic"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "unknown strategy" in proc.stderr
 
 
 def test_fit_cli_says_what_a_too_small_budget_would_need():
@@ -216,8 +235,8 @@ def test_fit_cli_says_what_a_too_small_budget_would_need():
         text=True,
     )
     assert proc.returncode == 1, proc.stderr  # answered: it does not fit
+    assert proc.stdout.startswith("Does not fit, even at batch size 1: it needs ")
     out = " ".join(proc.stdout.split())
-    assert "Does not fit, even at batch size 1: it needs" in out
     assert "parameters alone" in out and "closest strategy" in out
 
 
@@ -229,9 +248,11 @@ def test_fit_cli_writes_the_fit_section(tmp_path):
             "-m",
             "vramscope",
             "fit",
-            "example:cnn",
+            "example:gpt",
             "--budget",
-            "512MiB",
+            "2GiB",
+            "--max-batch-size",
+            "8",  # holds less than half the budget: the answer after a few estimates
             "--json",
             str(out),
         ],
@@ -239,8 +260,8 @@ def test_fit_cli_writes_the_fit_section(tmp_path):
         text=True,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "Largest batch size" in proc.stdout
-    assert json.loads(out.read_text())["fit"]["max_batch_size"] > 0
+    assert "Largest batch size: at least 8" in proc.stdout
+    assert json.loads(out.read_text())["fit"]["max_batch_size"] == 8
 
 
 def test_verify_jumps_to_where_the_measured_peak_says_the_limit_is():

@@ -115,9 +115,14 @@ def test_measure_and_demo_json_dash(tiny, tmp_path):
     measure = vramscope("measure", tiny, "-b", "2", "--steps", "2", "--json", "-")
     assert measure.returncode == 0, measure.stderr
     assert len(json.loads(measure.stdout)["steps"]) == 2
-    demo = vramscope("demo", "--example", "cnn", "--steps", "1", "--json", "-", cwd=tmp_path)
+    # one example for one GPU: the GPT's search for the largest batch is the shortest
+    demo = vramscope(
+        *("demo", "--example", "gpt", "--gpu", "rtx4090", "--steps", "1", "--json", "-"),
+        cwd=tmp_path,
+    )
     assert demo.returncode == 0, demo.stderr
-    assert json.loads(demo.stdout)["workload"]["spec"] == "example:cnn"
+    data = json.loads(demo.stdout)
+    assert data["workload"]["spec"] == "example:gpt" and list(data["estimates"]) == ["rtx4090"]
     assert list(tmp_path.iterdir()) == []  # no vramscope-demo.json, no file named '-'
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 import vramscope
 from test_attribution import TinyLM, rows_by_name
-from test_cli import vramscope as vramscope_cli
+from test_cli import vramscope_here as vramscope_cli
 from vramscope.errors import VramscopeError
 from vramscope.report.words import ranges
 from vramscope.tracking import hooks

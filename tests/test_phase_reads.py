@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vramscope
-from test_cli import vramscope as vramscope_cli
+from test_cli import vramscope_here as vramscope_cli
 from vramscope.errors import VramscopeError
 from vramscope.report.model import PhaseStats
 from vramscope.tracking.phase_reads import (

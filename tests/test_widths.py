@@ -24,6 +24,8 @@ from vramscope.report.terminal import render
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 SAVED = ["report_h200_gpt.json", "report_h200_leak.json", "fit_cpu_cnn_2g.json"]
+# one worker runs this module (`--dist loadgroup`): the reports are made once
+pytestmark = pytest.mark.xdist_group("widths")
 WIDE = (
     "import torch, vramscope\n"
     "def build(batch_size, device):\n"

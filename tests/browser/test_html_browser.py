@@ -33,6 +33,8 @@ CHROMEDRIVER = shutil.which("chromedriver")
 if CHROMIUM is None or CHROMEDRIVER is None:
     pytest.skip(f"needs Chromium and chromedriver: {INSTALL}", allow_module_level=True)
 webdriver = pytest.importorskip("selenium.webdriver", reason=f"needs selenium: {INSTALL}")
+# one worker runs this module (`--dist loadgroup`): one Chromium for its tests
+pytestmark = pytest.mark.xdist_group("browser")
 
 FLAGS = (
     "--headless=new",
