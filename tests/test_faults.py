@@ -51,6 +51,7 @@ class Scenario:
     parameters: int | None = None
     done: list[tuple[int, float, int]] = field(default_factory=list)  # (step, time, rss)
     ended_at: float | None = None  # when the script's process died (as it said, or we did)
+    hung_at: float | None = None  # when its last step began to hang (as read)
     folder: Path | None = None
 
     def report(self, name: str = "r.json") -> dict:
@@ -105,6 +106,7 @@ def play(name: str, folder: Path) -> Scenario:
                 scenario.ended_at = float(words[1])
             elif words[:1] == ["hanging"]:
                 seen["hung"] = time.monotonic()
+                scenario.hung_at = time.time()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -136,16 +138,24 @@ def finished_a_second_before(scenario: Scenario) -> list[int]:
     return [step for step, at, _ in scenario.done if at <= scenario.ended_at - 1.0]
 
 
-def check_steps_and_peaks(scenario: Scenario, report: dict, grew_at_the_end: bool = False) -> None:
+def check_steps_and_peaks(
+    scenario: Scenario,
+    report: dict,
+    grew_at_the_end: bool = False,
+    sampled_until: float | None = None,
+) -> None:
     """Every step finished a second before the end is there; the host memory peak is no
-    lower than what the script had then (its memory only grows), nor far above what it
-    printed last (unless it ``grew_at_the_end``)."""
+    lower than what the script had a second before ``sampled_until`` (the end, or when
+    Python stopped running: a hang holding the GIL stops the sampler too; its memory only
+    grows), nor far above what it printed last (unless it ``grew_at_the_end``)."""
     indices = {
         i for s in report["steps"] for i in range(s["index"], (s["last_index"] or s["index"]) + 1)
     }
     assert set(finished_a_second_before(scenario)) <= indices
     assert indices <= {step for step, _, _ in scenario.done} | {max(indices, default=0)}
-    early = [rss for _, at, rss in scenario.done if at <= scenario.ended_at - 1.0]
+    until = sampled_until if sampled_until is not None else scenario.ended_at
+    assert until is not None
+    early = [rss for _, at, rss in scenario.done if at <= until - 1.0]
     peak = report["peak"]["host_rss_bytes"]
     if early:
         assert peak >= max(early)
@@ -242,7 +252,7 @@ def test_a_hang_holding_the_gil_killed_with_its_group_is_read_by_hand(tmp_path):
     report = scenario.report()
     assert report["exit"]["status"] == "unknown" and report["exit"]["source"] == "journal"
     assert [s["index"] for s in report["steps"]] == [0, 1, 2, 3]
-    check_steps_and_peaks(scenario, report)
+    check_steps_and_peaks(scenario, report, sampled_until=scenario.hung_at)
 
 
 # ---- the kernel's OOM killer, where the machine lets a test make a memory cgroup ------------

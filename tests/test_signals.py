@@ -198,3 +198,23 @@ def test_a_burst_of_one_passed_on_signal_is_not_taken_for_the_next_one():
     relay.got(ACK_WAIT_S + 0.011, [signal.SIGTERM])  # the user's second one
     relay.decide(2 * ACK_WAIT_S + 0.011)
     assert sent == [signal.SIGTERM, signal.SIGTERM]
+
+
+def test_a_signal_the_script_sends_itself_is_not_taken_for_one_from_outside():
+    """A signal that came during vramscope's bookkeeping is sent again when the user's code
+    runs; the child says so first. Its acknowledgment, however late, is not taken for a
+    signal from outside, which would swallow the user's next one."""
+    from vramscope.journal.supervise import ACK_WAIT_S, OWN, _Relay
+
+    sent: list[int] = []
+    relay = _Relay(sent.append)
+    term = signal.SIGTERM
+    relay.got(0.0, [term])
+    relay.decide(ACK_WAIT_S)  # passed on
+    relay.acknowledged(ACK_WAIT_S, bytes([term]))
+    relay.acknowledged(0.9, bytes([OWN, term]))  # sent again, announced (a loaded machine)
+    relay.acknowledged(1.4, bytes([term]))
+    assert relay.direct == []
+    relay.got(1.5, [term])  # the user's second one
+    relay.decide(1.5 + ACK_WAIT_S)
+    assert sent == [term, term]

@@ -32,7 +32,8 @@ from vramscope.journal import files
 from vramscope.journal.ending import CORE_DUMPING, Ending, OomCounter, oom_kill_counter
 
 REPORTED = 0xFF  # sent by the child once its report is written (no signal has this number)
-ACK_WAIT_S = 0.1  # how long a signal the parent got waits for the child's word that it got it
+OWN = 0xFE  # sent by the child before a signal it sends itself (no signal has this number)
+ACK_WAIT_S = 0.25  # how long a signal the parent got waits for the child's word that it got it
 MATCH_S = 1.0  # a signal both got is acknowledged within this long of the parent's
 FORWARDED = tuple(
     getattr(signal, name)
@@ -95,12 +96,28 @@ def supervise(journal: Path, on_death: Callable[[Ending], None]) -> Child:
     end_as(ending)
 
 
+_own_ack: list[int] = []  # in the child: the pipe its signals are told through
+
+
+def send_to_self(signum: int) -> None:
+    """Send this process ``signum`` again (a signal put off until the user's code runs). In
+    ``vramscope run``'s child the parent is told first that it is the child's own, so that
+    it is not taken for a signal from outside: one that came late would make the parent
+    take the user's next signal for this one, and not pass it on."""
+    for ack in _own_ack:
+        with contextlib.suppress(OSError):
+            os.write(ack, bytes([OWN, signum]))
+    os.kill(os.getpid(), signum)
+
+
 def _become_child(ack: int, parent: int) -> None:
     """The child's start: every signal it gets is told to the parent through ``ack``."""
     os.set_blocking(ack, False)
+    _own_ack.append(ack)
     signal.set_wakeup_fd(ack, warn_on_full_buffer=False)
 
     def forget() -> None:  # a process the script forks (a DataLoader worker) tells nothing
+        _own_ack.clear()
         with contextlib.suppress(ValueError, OSError):
             signal.set_wakeup_fd(-1)
         with contextlib.suppress(OSError):
@@ -196,14 +213,26 @@ class _Relay:
         # ACK_WAIT_S is the same burst (the script's processes, a handler raising it again),
         # not a new signal the child got by itself
         self.burst: dict[int, float] = {}
+        self.own: dict[int, int] = {}  # signals the child said it sends itself, not seen yet
+        self._announced = False  # the last byte read was OWN: a signal number follows
 
     def got(self, now: float, signums: list[int] | bytes) -> None:
         self.pending += [(now, s) for s in signums]
 
     def acknowledged(self, now: float, data: bytes) -> None:
         for value in data:
+            if self._announced:  # the child sends itself this one: not from outside
+                self._announced = False
+                self.own[value] = self.own.get(value, 0) + 1
+                continue
+            if value == OWN:
+                self._announced = True
+                continue
             if value == REPORTED:
                 self.reported = True
+                continue
+            if self.own.get(value):
+                self.own[value] -= 1
                 continue
             sent = next((i for i, (_, s) in enumerate(self.sent) if s == value), None)
             if sent is not None:

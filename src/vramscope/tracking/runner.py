@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from vramscope.errors import VramscopeError
+from vramscope.journal.supervise import send_to_self
 from vramscope.report.model import Report
 from vramscope.stops import STOP_SIGNALS, Stopped
 from vramscope.tracking.session import Session
@@ -131,7 +132,7 @@ class StopSignals:
             # stopped halfway, a hook would leave the session's records torn (a step taken
             # off as current and not yet stored): the same signal comes again in a moment,
             # when the user's code runs
-            timer = threading.Timer(DEFER_S, os.kill, (os.getpid(), signum))
+            timer = threading.Timer(DEFER_S, send_to_self, (signum,))
             timer.daemon = True
             timer.start()
             return
