@@ -331,10 +331,10 @@ class Recorder:
         if self.events[-1][:2] != ("alloc", entry[0]):
             return
         inputs = []
-        for t in (a, b):
-            if t._is_view():  # a view keeps its base, so the buffer is not its last holder
-                continue
-            e = self.live.get(t.untyped_storage()._cdata)
+        # only the buffer's own tensor (the first operand) is reused, and only when it is
+        # dense and not a view (a view keeps its base, so the buffer is not its last holder)
+        if not a._is_view() and _dense(a):
+            e = self.live.get(a.untyped_storage()._cdata)
             if e is not None and e[0] is not None and e[2] == entry[2]:
                 inputs.append(e[0])
         if inputs:
@@ -409,3 +409,16 @@ class Recorder:
             meta.kind = kind
             if owner is not None:
                 meta.owner = owner
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span without gaps or overlaps in some
+    order of its dimensions (what ``InputBuffer`` asks of a gradient it adds into)."""
+    expected = 1
+    for stride, size in sorted(
+        (st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
