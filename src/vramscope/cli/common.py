@@ -442,6 +442,8 @@ def parallel_plan(
     """The ParallelPlan the options describe, checked (None without --world-size and
     --strategy); a bad combination is a VramscopeError (one line, exit 2)."""
     given = [f"--{k.replace('_', '-')}" for k, v in settings.items() if v not in (None, False)]
+    if settings.get("ep_imbalance") is not None and settings.get("ep", 1) == 1:
+        raise VramscopeError("--ep-imbalance applies with --ep N (expert parallel)")
     if settings.get("pp", 1) == 1:
         for name in ("pp_schedule", "microbatches", "pp_split"):
             if settings.get(name) is not None:
