@@ -141,3 +141,87 @@ def llama_own_plan(batch_size: int, device: torch.device) -> vramscope.Workload:
     workload = _llama_workload(ExampleLlama(512, 64, 2, 4, 176, 32), batch_size, device, plan)
     workload.optimizer = torch.optim.AdamW(workload.model.parameters(), lr=1e-3, foreach=False)
     return workload
+
+
+def llama_long(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """The small llama over 256 tokens: its activations outweigh its parameters, and each of
+    2 or 4 context-parallel ranks holds 64 or 32 tokens (the two halves torch's
+    load balancing gives it)."""
+    from vramscope.examples import ExampleLlama
+
+    return _llama_workload(ExampleLlama(512, 64, 2, 4, 176, 256), batch_size, device)
+
+
+class ExpertMLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)))
+
+
+class MoE(nn.Module):
+    """A router and a ModuleList of expert MLPs, top-k, as people write it."""
+
+    def __init__(self, dim: int, hidden: int, experts: int, top_k: int) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.experts = nn.ModuleList(ExpertMLP(dim, hidden) for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        weights, chosen = torch.topk(F.softmax(self.router(x), dim=-1), self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for i, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == i)
+            out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
+        return out.reshape(shape)
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, dim: int, hidden: int, experts: int, top_k: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.moe = MoE(dim, hidden, experts, top_k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.moe(self.norm(x))
+
+
+class MoENet(nn.Module):
+    def __init__(self, vocab: int, dim: int, hidden: int, blocks: int, experts: int, top_k: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(MoEBlock(dim, hidden, experts, top_k) for _ in range(blocks))
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+MOE_TOKENS = 16
+
+
+def moe(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """A hand-written MoE language model: vocabulary 128, width 64, 2 blocks of 8 expert
+    MLPs (64 → 256 → 64) with top-2 routing, 16 tokens."""
+    model = MoENet(128, 64, 256, 2, 8, 2).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def batch():
+        tokens = torch.randint(0, 128, (batch_size, MOE_TOKENS + 1), device=device)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def loss(model, idx, target):
+        logits = model(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    return vramscope.Workload(model=model, optimizer=opt, batch=batch, loss=loss)

@@ -348,8 +348,24 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             help="With --pp: the block indices where the stages after the first begin "
             "(default: the blocks divided evenly).",
         ),
-        click.option("--cp", type=int, help="Context-parallel ranks (not yet supported)."),
-        click.option("--ep", type=int, help="Expert-parallel ranks (not yet supported)."),
+        click.option(
+            "--cp",
+            type=int,
+            help="Context parallel over this many ranks: each holds 1/N of every sequence, "
+            "attention through torch's ring attention (--world-size defaults to --cp).",
+        ),
+        click.option(
+            "--ep",
+            type=int,
+            help="Expert parallel over this many ranks: each holds 1/N of every MoE layer's "
+            "experts, tokens exchanged all-to-all (--world-size defaults to --ep).",
+        ),
+        click.option(
+            "--ep-imbalance",
+            type=float,
+            help="With --ep: the tokens the most loaded rank's experts get, as a multiple of "
+            "the even share (default 1: routing assumed even).",
+        ),
     ]
     names = (
         "world_size",
@@ -371,6 +387,7 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
         "pp_split",
         "cp",
         "ep",
+        "ep_imbalance",
     )
 
     @functools.wraps(func)
@@ -382,6 +399,10 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
         given["pp_split"] = _split_points(given["pp_split"])
         if given.get("pp") is not None and given["world_size"] is None and given["pp"] > 1:
             given["world_size"] = given["pp"] * given.get("tp", 1)  # one rank per stage
+        for name in ("cp", "ep"):  # estimated alone: the group is the world
+            size = given.get(name)
+            if isinstance(size, int) and size > 1 and given["world_size"] is None:
+                given["world_size"] = size
         tp = given.get("tp", 1)
         each = (
             each_strategy
@@ -389,6 +410,8 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             and given["strategy"] is None
             and (tp == 1 or given["world_size"] != tp)
             and given.get("pp", 1) == 1
+            and given.get("cp", 1) == 1
+            and given.get("ep", 1) == 1
         )
         if each:
             from vramscope.distributed.sharding import ParallelPlan
@@ -419,6 +442,8 @@ def parallel_plan(
     """The ParallelPlan the options describe, checked (None without --world-size and
     --strategy); a bad combination is a VramscopeError (one line, exit 2)."""
     given = [f"--{k.replace('_', '-')}" for k, v in settings.items() if v not in (None, False)]
+    if settings.get("ep_imbalance") is not None and settings.get("ep", 1) == 1:
+        raise VramscopeError("--ep-imbalance applies with --ep N (expert parallel)")
     if settings.get("pp", 1) == 1:
         for name in ("pp_schedule", "microbatches", "pp_split"):
             if settings.get(name) is not None:
@@ -437,7 +462,7 @@ def parallel_plan(
     from vramscope.distributed.sharding import NO_DATA_PARALLEL, ParallelPlan
 
     if strategy is None:
-        if settings.get("tp", 1) == 1 and settings.get("pp", 1) == 1:
+        if all(settings.get(name, 1) == 1 for name in ("tp", "pp", "cp", "ep")):
             raise VramscopeError(
                 f"--world-size {world_size} needs --strategy: ddp, fsdp, hsdp, zero1 or zero2"
             )

@@ -36,8 +36,10 @@ with torch's ``parallelize_module`` (:mod:`vramscope.distributed.tensor_parallel
 FSDP2 over the data-parallel dimension of the same mesh: a 2-D job. Pipeline parallel
 (``pp`` stages, the outermost dimension) cuts the model into stages
 (:mod:`vramscope.distributed.pipeline`); with it, data and tensor parallel are not applied
-yet. Context and expert parallel (``cp``, ``ep``) are named so that a plan can say so, and
-refused (:data:`NOT_YET`).
+yet. Context parallel (``cp``: each rank a share of every sequence, torch's ring attention,
+:mod:`vramscope.distributed.context_parallel`) and expert parallel (``ep``: each rank a
+share of every MoE layer's experts, tokens exchanged all-to-all,
+:mod:`vramscope.distributed.expert_parallel`) are estimated alone, over the whole world.
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ MAX_WORLD_SIZE = 1 << 20
 # the mesh's dimensions, outermost first: a rank's coordinates follow from its number so
 # (``ParallelPlan.coordinates``); tensor parallel is innermost, within a node
 MESH_DIMS = ("pp", "dp", "cp", "tp")
-# dimensions of the mesh named on the command line that the estimator does not apply yet
-NOT_YET = {"cp": "context", "ep": "expert"}
+# expert parallel's routing, unless the user says otherwise: every rank gets its even share
+DEFAULT_EP_IMBALANCE = 1.0
 # strategies that run with tensor parallel on the same mesh (FSDP2 over its dp dimension)
 WITH_TENSOR_PARALLEL = ("fsdp", "hsdp", "zero2", NO_DATA_PARALLEL)
 
@@ -102,8 +104,11 @@ class ParallelPlan:
     pp_schedule: str | None = None  # gpipe, 1f1b (the default), interleaved-1f1b
     microbatches: int | None = None  # per step and pipeline; None: 2 × pp
     pp_split: tuple[int, ...] | None = None  # block indices where the stages after the first begin
-    cp: int = 1  # context-parallel ranks (not yet applied)
-    ep: int = 1  # expert-parallel ranks (not yet applied)
+    cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence
+    ep: int = 1  # expert-parallel ranks: each holds 1/ep of every MoE layer's experts
+    # expert parallel: the tokens the most loaded rank's experts receive, as a multiple of
+    # the even share (1.0: routing assumed even)
+    ep_imbalance: float | None = None
 
     @property
     def sharded(self) -> bool:
@@ -122,6 +127,17 @@ class ParallelPlan:
     @property
     def pipeline(self) -> bool:
         return self.pp > 1
+
+    @property
+    def imbalance(self) -> float:
+        """The most loaded expert-parallel rank's tokens over the even share."""
+        return DEFAULT_EP_IMBALANCE if self.ep_imbalance is None else float(self.ep_imbalance)
+
+    @property
+    def ep_rank(self) -> int:
+        """This rank's index in its expert-parallel group (carved from the data-parallel
+        dimension: consecutive data-parallel ranks share their experts)."""
+        return self.coordinates()["dp"] % self.ep
 
     @property
     def schedule(self) -> str:
@@ -224,12 +240,6 @@ class ParallelPlan:
             size = getattr(self, name)
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise VramscopeError(f"--{name} must be a whole number of 1 or more, not {size!r}")
-        for name, kind in NOT_YET.items():
-            if getattr(self, name) > 1:
-                raise VramscopeError(
-                    f"--{name} {getattr(self, name)}: {kind} parallel is not yet supported by "
-                    "the estimator (tensor parallel --tp and data parallel --strategy are)"
-                )
         n = self.world_size
         if not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= MAX_WORLD_SIZE:
             raise VramscopeError(
@@ -245,6 +255,9 @@ class ParallelPlan:
             )
         if self.pipeline or self.pp_schedule or self.microbatches or self.pp_split:
             self._check_pipeline()
+        if self.cp > 1 or self.ep > 1 or self.ep_imbalance is not None:
+            self._check_context_and_experts()
+            return self
         dp = self.dp_size
         if s == NO_DATA_PARALLEL:
             if dp > 1 and self.pipeline:
@@ -360,10 +373,56 @@ class ParallelPlan:
                 "equal to --pp"
             )
 
+    def _check_context_and_experts(self) -> None:
+        """Context and expert parallel are estimated alone: every rank of the world in the
+        one group, no other dimension, no data-parallel strategy."""
+        n, cp, ep = self.world_size, self.cp, self.ep
+        if self.ep_imbalance is not None:
+            if ep == 1:
+                raise VramscopeError("--ep-imbalance applies with --ep (expert parallel)")
+            f = self.ep_imbalance
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 1.0 <= f <= ep:
+                raise VramscopeError(
+                    f"--ep-imbalance must be from 1 (routing even) to {ep} (every token to "
+                    f"one rank's experts), not {f!r}"
+                )
+        if cp > 1 and ep > 1:
+            raise VramscopeError(
+                "--cp with --ep is not yet supported by the estimator; estimate each alone"
+            )
+        flag, size, kind = ("--cp", cp, "context") if cp > 1 else ("--ep", ep, "expert")
+        for other, given in (("--tp", self.tensor_parallel), ("--pp", self.pipeline)):
+            if given:
+                raise VramscopeError(
+                    f"{flag} with {other} is not yet supported by the estimator ({kind} "
+                    f"parallel is estimated alone); estimate {flag} alone, or {other} alone"
+                )
+        if self.strategy != NO_DATA_PARALLEL:
+            raise VramscopeError(
+                f"{flag} with --strategy {self.strategy} is not yet supported by the estimator "
+                f"(data parallel over the {kind}-parallel groups); leave --strategy out, with "
+                f"--world-size equal to {flag}"
+            )
+        if n != size:
+            raise VramscopeError(
+                f"--world-size {n} with {flag} {size}: {kind} parallel is estimated alone, "
+                f"over the whole world; give --world-size {size} (or leave it out)"
+            )
+
     def describe(self) -> str:
         """``fsdp over 64 ranks`` with its non-default settings, in a few words; with tensor
         parallel ``fsdp over 8 × tensor parallel 8 (64 ranks)``."""
-        if self.pipeline:
+        if self.cp > 1:
+            words = [f"context parallel over {self.cp} ranks (each 1/{self.cp} of the sequence)"]
+        elif self.ep > 1:
+            words = [f"expert parallel over {self.ep} ranks"]
+            words.append(
+                "routing assumed even"
+                if self.imbalance == 1.0
+                else f"the most loaded rank's experts get {self.imbalance:g}× the even "
+                "share of tokens"
+            )
+        elif self.pipeline:
             words = [
                 f"pipeline of {self.pp} stages ({self.schedule}, {self.microbatch_count} "
                 f"micro-batches per step)"

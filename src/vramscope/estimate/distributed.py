@@ -104,6 +104,10 @@ def communicators(plan: ParallelPlan) -> list[dict[str, Any]]:
     if plan.pipeline:
         # the stages' sends and receives (batch_isend_irecv) over the pipeline's group
         groups = [("pipeline", plan.pp)]
+    elif plan.cp > 1:
+        groups = [("context parallel", plan.cp)]
+    elif plan.ep > 1:
+        groups = [("expert parallel", plan.ep)]
     elif plan.strategy == "hsdp":
         groups = [("shard", plan.shard_group_size), ("replicate", plan.replicate_size)]
     elif plan.tensor_parallel:
@@ -421,13 +425,19 @@ class RankTracer:
     # gloo does not run for CUDA tensors (GLOO_CUDA_ALL_GATHER)
     functional_all_gathers: int = 0
     pipeline: Any = None  # the PipelineApplied of this rank's stages, with pp
+    context: Any = None  # the ContextApplied of this rank, with cp
+    experts: Any = None  # the ExpertsApplied of this rank, with ep
+    _inside: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def builder(self, builder: Builder) -> Builder:
         """``builder`` with FSDP2 applied to what it builds (the model materialized as
         shards: what the build made whole is not on the device). DDP is applied later,
         while the trace records (:meth:`setup`). Tensor parallel is applied inside the
         build too, before FSDP: the model is held as its shards from the start."""
-        if not self.plan.sharded and not self.plan.tensor_parallel and not self.plan.pipeline:
+        plan = self.plan
+        if not (
+            plan.sharded or plan.tensor_parallel or plan.pipeline or plan.cp > 1 or plan.ep > 1
+        ):
             return builder
 
         def build(batch_size: int, device: torch.device, precision: str | None = None) -> Workload:
@@ -449,6 +459,20 @@ class RankTracer:
                     plan.pp_split,
                 )
                 return self.pipeline.workload
+            if self.plan.cp > 1:
+                from vramscope.distributed.context_parallel import apply_context_parallel
+
+                self.context = apply_context_parallel(
+                    workload, self.plan.cp, self.plan.coordinates()["cp"], device
+                )
+                return self.context.workload
+            if self.plan.ep > 1:
+                from vramscope.distributed.expert_parallel import apply_expert_parallel
+
+                self.experts = apply_expert_parallel(
+                    workload, self.plan.ep, self.plan.ep_rank, self.plan.imbalance, device
+                )
+                return self.experts.workload
             self.applied = apply_plan(workload, self.plan, device, pin_memory=False)
             self._name_groups(self.applied.workload.model)
             return self.applied.workload
@@ -462,6 +486,15 @@ class RankTracer:
         self.recorder = recorder
         if self.pipeline is not None:
             self.pipeline.step.workload = workload  # as the trace overrides it
+            return workload
+        if self.context is not None:
+            from vramscope.distributed.context_parallel import ring_attention
+
+            # after the trace's own attention kernels: torch's patch goes around them
+            self._inside.enter_context(ring_attention(self.context.mesh))
+            return workload
+        if self.experts is not None:
+            self.experts.recorder = recorder
             return workload
         if self.plan.sharded or self.plan.tensor_parallel:
             return workload
@@ -541,11 +574,14 @@ class RankTracer:
             # FSDP2 warns when the root's output is a view (tensor parallel's gathered
             # logits are): about in-place ops the standard step does not do
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-            if self.plan.sharded:
-                with _fsdp_tags(self), _chunks_on_demand():
+            try:
+                if self.plan.sharded:
+                    with _fsdp_tags(self), _chunks_on_demand():
+                        yield
+                else:
                     yield
-            else:
-                yield
+            finally:
+                self._inside.close()
 
 
 def _forget_other_ranks() -> None:
@@ -644,6 +680,7 @@ def trace_rank(
 ) -> tuple[Trace, RankTracer, dict[str, Any]]:
     """Trace ``plan.rank`` of the job; the trace, the tracer (its objects alive) and what
     differs between ranks (``loads``)."""
+    from vramscope.estimate.scalars import HEAVY, LIGHT
     from vramscope.estimate.trace import trace_workload
 
     tracer = RankTracer(plan)
@@ -657,6 +694,9 @@ def trace_rank(
             accumulate=accumulate,
             steps=steps,
             setup=tracer.setup,
+            # expert parallel: routing even (each expert an equal share of the tokens), the
+            # imbalance applied where the tokens are exchanged
+            variant=LIGHT if plan.ep > 1 else HEAVY,
         )
         loads = rank_loads(tracer)
     trace.communicator_bytes = sum(c["bytes"] for c in communicators(plan))
@@ -1021,6 +1061,13 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
     if tracer.pipeline is not None:
         section["description"] = PIPELINE_DESCRIPTION
         section["pipeline"] = _pipeline_section(plan, tracer.pipeline)
+    if tracer.context is not None:
+        section["description"] = CONTEXT_DESCRIPTION
+        section["context_parallel"] = tracer.context.to_dict()
+        section["mesh"] = _mesh_dims(plan)
+    if tracer.experts is not None:
+        section["description"] = EXPERT_DESCRIPTION
+        section["expert_parallel"] = tracer.experts.to_dict()
     if applied is None:
         return section
     if applied.tensor_parallel is not None:
@@ -1052,6 +1099,14 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
     return section
 
 
+CONTEXT_DESCRIPTION = (
+    "context parallel: each rank holds its share of every sequence; attention sees the whole "
+    "sequence through torch's ring attention"
+)
+EXPERT_DESCRIPTION = (
+    "expert parallel: each rank holds its share of every MoE layer's experts; tokens travel "
+    "to their experts' rank and back, all-to-all"
+)
 PIPELINE_DESCRIPTION = (
     "pipeline parallel: each rank one stage of the model, micro-batches in the schedule's order"
 )
@@ -1237,6 +1292,11 @@ def _attach(report: Report, plan: ParallelPlan, section: dict[str, Any], trace: 
     if plan.pipeline:
         report.workload["pp"] = plan.pp
         report.workload["microbatches"] = plan.microbatch_count
+    if plan.cp > 1:
+        report.workload["cp"] = plan.cp
+    if plan.ep > 1:
+        report.workload["ep"] = plan.ep
+        report.workload["ep_imbalance"] = plan.imbalance
     report.extra["distributed"] = section
     findings = []
     rank = section["rank"]

@@ -1003,6 +1003,8 @@ def _plan_key(kind: str, x: Any, w: Any, stride: Any) -> tuple[Any, ...]:
 def _on_cuda(t: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
+    # a DTensor (context parallel's query, key and value) is on the device of its shard
+    t = getattr(t, "_local_tensor", t)
     return isinstance(t, FakeTensor) and t.fake_device.type == "cuda"
 
 

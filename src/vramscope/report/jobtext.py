@@ -72,6 +72,23 @@ def per_rank(job: dict[str, Any]) -> str | None:
             words += f", {replicated:g} whole on every rank"
         for note in _list(tp.get("notes")):
             words += f"; {text(note)}"
+    ep = job.get("expert_parallel")
+    if isinstance(ep, dict):
+        exchanged = ep.get("exchange_bytes_per_layer")
+        exchanged = exchanged if isinstance(exchanged, dict) else {}
+        words += (
+            f"; experts {text(ep.get('local_experts'))} of {text(ep.get('experts_per_layer'))} "
+            f"in each of {text(ep.get('layers'))} MoE layers; routing "
+            f"{text(ep.get('routing'))}; all-to-all per layer in forward: dispatch "
+            f"{b(number(exchanged.get('dispatch')))} received, combine "
+            f"{b(number(exchanged.get('combine')))} received"
+        )
+    cp = job.get("context_parallel")
+    if isinstance(cp, dict):
+        words += (
+            f"; {text(cp.get('local_sequence'))} of {text(cp.get('sequence'))} tokens of each "
+            f"sequence on this rank; attention: {text(cp.get('attention'))}"
+        )
     host = job.get("host_bytes")
     if isinstance(host, dict):
         total = sum(number(v) or 0 for v in host.values())
