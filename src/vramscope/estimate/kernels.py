@@ -24,6 +24,9 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   ``nn.Linear`` path, run by cuBLASLt) allocates the cuBLASLt workspace,
   ``CUBLASLT_WORKSPACE_SIZE`` KiB or 1 MiB, once per handle. Forward and the optimizer run on
   the main thread, backward on autograd's device thread: two handles, two workspaces.
+* **Depthwise convolutions over channels-last inputs**: the backward's workspace, two
+  float32 values per input element at most 1 MiB per multiprocessor
+  (:func:`_depthwise_channels_last_backward_bytes`, recorded over 242 layers).
 * **Reductions split over blocks** (``ATen/native/cuda/Reduce.cuh``, ``setReduceConfig``): a
   sum or mean over the leading dimensions with many values per output (a bias gradient over
   all tokens) splits each output over several thread blocks, sized by the GPU's SM count,
@@ -507,6 +510,8 @@ def after_op(
     if func is aten.convolution_backward.default:
         if _on_cuda(args[1]) and profile.capability[0] >= 8:
             _conv_backward_workspaces(recorder, args, out, profile.name in _SWEPT_GPUS)
+            size = _depthwise_channels_last_backward_bytes(args[1], args[2], args[9], profile)
+            recorder.transient(size, "temporary", "depthwise convolution backward workspace")
         return
     if func in _ATTENTION_FORWARD:
         seeds = _ATTENTION_FORWARD[func]
@@ -963,6 +968,31 @@ def _conv_backward_workspaces(
         recorder.transient(
             size, "temporary", "cuDNN convolution backward (weight) workspace", (key, ladder)
         )
+
+
+def _depthwise_channels_last_backward_bytes(
+    x: Any, w: Any, groups: int, profile: GpuProfile
+) -> int:
+    """The backward of a depthwise 2-D convolution over a channels-last input (PVT's and
+    SegFormer's feed-forward convolution, whose input is a transposed view of tokens; a
+    model run in channels-last) takes a workspace after its gradients: two float32 values
+    per input element, at most 1 MiB per multiprocessor, both scaled by (C/128)^2 below 128
+    channels; none over at most 28x28 positions in all (batch included). Recorded on an H200
+    (cuDNN 9.19) for 3x3, 5x5 and 7x7 kernels over 32 to 1024 channels in float32 and
+    bfloat16 (``benchmarks/results/conv_workspace_sweep_h200.json.gz``), to the KiB where
+    the rule holds; a few 7x7 layers took another engine with many times more (not
+    modelled). In the channels-first (NCHW) layout none is taken."""
+    if x.dim() != 4 or groups == 1 or groups != int(x.shape[1]) or int(w.shape[0]) != groups:
+        return 0
+    if x.is_contiguous() or not (
+        x.is_contiguous(memory_format=torch.channels_last) or _channels_last_weight(w)
+    ):
+        return 0
+    batch, channels, height, width = (int(n) for n in x.shape)
+    if batch * height * width <= 28 * 28:
+        return 0
+    share = min(channels, 128) ** 2 / 128**2
+    return int(min(8 * x.numel(), profile.multiprocessors * MiB) * share)
 
 
 def _channels_last_weight(w: Any) -> bool:

@@ -312,9 +312,10 @@ class Recorder:
         """``out = a + b`` in backward: maybe autograd summing two gradients of one input.
         On the GPU its input buffer adds in place into a gradient that nothing else holds
         (``InputBuffer::accumulate``); under a dispatch mode (fake tensors) no tensor
-        qualifies, so the sum got a new block. If an operand that is not a view (a view
-        keeps its base alive) is freed before anything else is allocated, the sum takes that
-        operand's block instead (``_accumulate_in_place``). Recorded on an H200: the example
+        qualifies, so the sum got a new block. If the first operand (the gradient already
+        in the buffer: torch adds only into that one) is dense, not a view (a view keeps its
+        base alive), and freed before anything else is allocated, the sum takes its block
+        instead (``_accumulate_in_place``). Recorded on an H200: the example
         CNN's residual sums ran in place; BERT's, whose gradients are views of matmul
         outputs, did not."""
         self.accumulating = None
