@@ -387,8 +387,7 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             each_strategy
             and given["world_size"] is not None
             and given["strategy"] is None
-            and (tp == 1 or given["world_size"] != tp)
-            and given.get("pp", 1) == 1
+            and (tp == 1 or given["world_size"] != tp * given.get("pp", 1))
         )
         if each:
             from vramscope.distributed.sharding import ParallelPlan
@@ -396,8 +395,10 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             # the settings of every strategy compared; each row keeps those it takes
             settings = {k: v for k, v in given.items() if k not in ("world_size", "strategy")}
             base = ParallelPlan(strategy="fsdp", world_size=given["world_size"], **settings)
-            # the world size and DDP's settings (with --tp, FSDP's: DDP does not take it)
-            base.with_strategy("ddp" if tp == 1 else "fsdp").check()
+            # the world size and DDP's settings (with --tp, FSDP's: DDP does not take it,
+            # nor an interleaved pipeline)
+            interleaved = given.get("pp_schedule") == "interleaved-1f1b"
+            base.with_strategy("ddp" if tp == 1 and not interleaved else "fsdp").check()
             kwargs["parallel"] = base
             kwargs["parallel_each"] = True
         else:
