@@ -413,3 +413,32 @@ def test_compare_puts_the_data_parallel_strategies_of_a_pipeline_side_by_side():
     # ZeRO-1 partitions the optimizer state over the stage's data-parallel ranks: less
     assert rows["zero1"]["peak"]["allocated_bytes"] < rows["ddp"]["peak"]["allocated_bytes"]
     assert rows["fsdp"]["peak"]["allocated_bytes"] < rows["ddp"]["peak"]["allocated_bytes"]
+
+
+def test_1f1b_traces_one_steady_round_and_holds_what_the_whole_step_holds(monkeypatch):
+    import vramscope.distributed.pipeline as pipeline
+
+    plan = ParallelPlan("fsdp", 4, pp=2, microbatches=6).check()
+    short = stages(estimate(LLAMA, BATCH, parallel=plan))
+    # stage s: its warm-up (2 - s forwards) and one backward-forward pair
+    assert [r["traced_microbatches"] for r in short.values()] == [3, 2]
+    monkeypatch.setattr(pipeline, "traced_microbatches", lambda schedule, pp, m, rank: m)
+    whole = stages(estimate(LLAMA, BATCH, parallel=plan))
+    assert [r["traced_microbatches"] for r in whole.values()] == [6, 6]
+    for stage, row in short.items():
+        assert row["peak"] == whole[stage]["peak"]
+        assert row["activations_at_peak_bytes"] == whole[stage]["activations_at_peak_bytes"]
+        # the last stage keeps the gradient of each received activation, the 3 untraced too
+        assert row["recv_buffer_bytes"] == whole[stage]["recv_buffer_bytes"]
+
+
+def test_data_parallel_inside_stages_leaves_what_each_micro_batch_saves_alone():
+    # the other stages' work (run for the shapes) is not this GPU's under FSDP's and DDP's
+    # parameters either: each stage saves what it saves without data parallel
+    alone = stages(pp(LLAMA, 2, microbatches=4))
+    for strategy in ("fsdp", "ddp"):
+        plan = ParallelPlan(strategy, 4, pp=2, microbatches=4).check()
+        rows = stages(estimate(LLAMA, BATCH, parallel=plan))
+        for stage, row in rows.items():
+            saved = row["activations_at_peak_bytes"]
+            assert saved == alone[stage]["activations_at_peak_bytes"], (strategy, stage)

@@ -380,8 +380,10 @@ def _plan(plan: dict[str, Any]) -> str:
     words = [plan["strategy"] + (f" × {plan['world_size']}" if "world_size" in plan else "")]
     if plan.get("shard_size"):
         words.append(f"shard groups of {plan['shard_size']}")
+    if plan.get("pp", 1) > 1:
+        words.append(f"{plan['pp']} pipeline stages ({plan.get('microbatches')} micro-batches)")
     if plan.get("tp", 1) > 1:
-        words.append(f"tensor parallel {plan['tp']} (2-D)")
+        words.append(f"tensor parallel {plan['tp']} ({'3-D' if plan.get('pp', 1) > 1 else '2-D'})")
     for key in ("param_dtype", "reduce_dtype"):
         if plan.get(key):
             words.append(f"{key.split('_')[0]} {plan[key]}")

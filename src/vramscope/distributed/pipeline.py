@@ -39,13 +39,34 @@ stage runs here as torch's ``PipelineStage`` runs it, keeping what it keeps
 The last stage's outputs are not kept for the caller (``step(..., return_outputs=False)``,
 as a training script that reads only the losses calls it).
 
+Data and tensor parallel run inside a stage (a 3-D job): tensor parallel's plan is worked
+out on the whole model and applied to the stage's modules, FSDP2 shards each of the stage's
+blocks and then the stage's root, DDP wraps the stage's model, over the stage's
+data-parallel group. The step then does what ``PipelineStage.backward_maybe_with_nosync``
+and ``perform_reduce_grad`` do: under DDP every forward and every backward but the stage's
+last run in ``no_sync`` (the buckets are all-reduced once); under FSDP2 every backward runs
+with ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` (the
+gathered parameters stay, the unsharded gradients accumulate) and after the last one every
+group's ``post_backward`` reduce-scatters and reshards. With sequence parallel a stage
+receives and sends its share of the sequence.
+
+1F1B's rounds after the first are not traced: after its warm-up a stage holds the same
+micro-batches in flight at each backward, so its warm-up and one backward-forward pair
+(``pp - s + 1`` micro-batches on stage ``s``, :func:`traced_microbatches`) hold what a step
+of more holds; the receive buffers are made for every micro-batch, as torch makes them,
+and the gradients of the received activations of the micro-batches not traced (each kept
+until the next step) are made before the traced pair.
+
 A stage runs the model's own forward (the workload's loss function, called on the model):
 what comes before the stage's first block (the embedding, the masks and rotary tables of
 later stages) and what comes after its last block on a stage that is not the last runs
 unrecorded, as it runs on other ranks; the stage's first block takes the received
 activation instead of its input, and the output of its last block is what it sends.
 Masks and rotary tables a model computes before its blocks are therefore not counted on
-stages after the first (each stage of a real job computes its own; they are small).
+stages after the first (each stage of a real job computes its own; they are small). Blocks
+of other stages run once; a block that returns a tensor like its input hands its input on
+after that (:class:`_Elsewhere`), so a deep model's other stages cost nothing each
+micro-batch.
 """
 
 from __future__ import annotations
@@ -176,15 +197,15 @@ def schedule_order(schedule: str, pp: int, microbatches: int, rank: int) -> list
     return actions
 
 
-def traced_microbatches(schedule: str, pp: int, microbatches: int) -> int:
-    """How many of a step's micro-batches a stage's trace runs. 1F1B's steady phase
-    repeats: after its warm-up every stage holds the same micro-batches in flight at each
-    backward, its gradients accumulate in the same tensors and its receive buffers are made
-    at once for every micro-batch, so one round of it (``pp + 1`` micro-batches: stage 0's
-    warm-up of ``pp`` and one backward-forward pair) holds what every later round holds.
-    GPipe holds every micro-batch, and the interleaved order is torch's own: all are run."""
+def traced_microbatches(schedule: str, pp: int, microbatches: int, rank: int) -> int:
+    """How many of a step's micro-batches the trace of pipeline rank ``rank`` runs. 1F1B's
+    steady phase repeats: after its warm-up a stage holds the same micro-batches in flight
+    at each backward, its gradients accumulate in the same tensors and its receive buffers
+    are made at once for every micro-batch, so its warm-up (``pp - rank`` forwards) and one
+    backward-forward pair hold what every later round holds. GPipe holds every micro-batch,
+    and the interleaved order is torch's own: all are run."""
     if schedule == "1f1b":
-        return min(microbatches, pp + 1)
+        return min(microbatches, pp - rank + 1)
     return microbatches
 
 
@@ -363,7 +384,9 @@ def plan_layout(
         before=before,
         after=after,
         order=schedule_order(schedule, pp, microbatches, rank),
-        traced=schedule_order(schedule, pp, traced_microbatches(schedule, pp, microbatches), rank),
+        traced=schedule_order(
+            schedule, pp, traced_microbatches(schedule, pp, microbatches, rank), rank
+        ),
     )
 
 
@@ -417,6 +440,8 @@ class _Elsewhere(torch.nn.Module):
 
 
 def _recorder_of(tensor: Any) -> Any:
+    """The recorder of the trace a (fake) tensor belongs to; of a DTensor's local shard."""
+    tensor = getattr(tensor, "_local_tensor", tensor)
     mode = getattr(tensor, "fake_mode", None)
     return getattr(mode, "recorder", None)
 
@@ -628,6 +653,25 @@ class PipelineStep:
 
         return hook
 
+    def _untraced_grads(self) -> None:
+        """The gradients of the received activations of the micro-batches the trace does not
+        run (:func:`traced_microbatches`), made before the traced round's last backward-forward
+        pair: each backward leaves one until the next step, so from there on as many are
+        alive as in the step's last round (before it, as many as in the step's first)."""
+        traced = len({a.microbatch for a in self.layout.traced}) or self.layout.microbatches
+        for buffers in self.recv.values():
+            for buffer in buffers[traced:]:
+                buffer.grad = torch.empty_like(buffer)
+                self._made_in_backward(buffer.grad)
+
+    def _made_in_backward(self, tensor: torch.Tensor) -> None:
+        """Record ``tensor`` as made in a backward, where autograd makes the gradients of
+        the received activations (a temporary, not an activation saved for backward)."""
+        recorder = self.recorder
+        entry = recorder.live.get(tensor.untyped_storage()._cdata) if recorder else None
+        if entry is not None and entry[0] is not None:
+            recorder.blocks[entry[0]].phase = "backward"
+
     def _label(self, buffers: list[torch.Tensor]) -> None:
         """The receive buffers are the stage's communication buffers, kept across steps
         (category other, as DDP's buckets)."""
@@ -701,7 +745,11 @@ class PipelineStep:
         cache: dict[tuple[int, int], Any] = {}
         order = self.layout.traced or self.layout.order
         last_backward = {a.stage: i for i, a in enumerate(order) if a.kind == "B"}
+        last_forward = max((i for i, a in enumerate(order) if a.kind == "F"), default=-1)
+        last_round = max((i for i in range(last_forward) if order[i].kind == "B"), default=None)
         for i, action in enumerate(order):
+            if i == last_round:
+                self._untraced_grads()
             key = (action.stage, action.microbatch)
             if action.kind == "F":
                 with self._no_sync():  # forward_maybe_with_nosync

@@ -861,15 +861,19 @@ def _stage_roles(plan: ParallelPlan, layout: Any) -> list[dict[str, Any]]:
     dimension that does not divide)."""
     from dataclasses import replace as replaced
 
-    from vramscope.distributed.pipeline import schedule_order
+    from vramscope.distributed.pipeline import schedule_order, traced_microbatches
 
     by_key: dict[Any, list[int]] = {}
     layouts = {}
+    schedule, pp, count = plan.schedule, plan.pp, plan.microbatch_count
     for stage in range(plan.pp):
         mine = replaced(
             layout,
             rank=stage,
-            order=schedule_order(plan.schedule, plan.pp, plan.microbatch_count, stage),
+            order=schedule_order(schedule, pp, count, stage),
+            traced=schedule_order(
+                schedule, pp, traced_microbatches(schedule, pp, count, stage), stage
+            ),
         )
         layouts[stage] = mine
         by_key.setdefault(mine.key(), []).append(stage)
