@@ -328,7 +328,8 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             type=int,
             help="Pipeline parallel over this many stages: the model's repeated blocks divided "
             "evenly among them, the embeddings on the first, the head and the loss on the last; "
-            "one row per stage (--world-size defaults to --pp).",
+            "one row per stage (--world-size defaults to --pp × --tp); with --strategy and --tp, "
+            "data and tensor parallel inside each stage.",
         ),
         click.option(
             "--pp-schedule",
