@@ -370,7 +370,13 @@ def distributed_estimate_speed(root: Path) -> str:
         f"{meta['cpus']}-core {meta['cpu']} CPU (torch {meta['torch']}, {meta['date']}). A case "
         "that *runs out* does not fit the H100: its columns are the memory where it ran out. "
         f"Target: the 64-rank FSDP estimate in ≤{target['seconds']:.0f} s: "
-        f"{'met' if target['met'] else 'missed'}.",
+        f"{'met' if target['met'] else 'missed'}"
+        + "".join(
+            f"; the {_plan(case['plan'])} estimate: {'met' if case['target_met'] else 'missed'}"
+            for case in data["cases"]
+            if "target_met" in case
+        )
+        + f". Load average before the run: {', '.join(map(str, data.get('load_before', [])))}.",
         source("distributed_estimate_speed.json"),
     )
 
