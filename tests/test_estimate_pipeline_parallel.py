@@ -442,3 +442,23 @@ def test_data_parallel_inside_stages_leaves_what_each_micro_batch_saves_alone():
         for stage, row in rows.items():
             saved = row["activations_at_peak_bytes"]
             assert saved == alone[stage]["activations_at_peak_bytes"], (strategy, stage)
+
+
+def test_a_3d_mesh_on_the_command_line_reports_a_row_per_stage(capsys, tmp_path):
+    out = tmp_path / "3d.json"
+    code, stdout, _ = run_cli(
+        capsys,
+        *("estimate", LLAMA, "-b", "2", "--world-size", "8", "--strategy", "fsdp"),
+        *("--tp", "2", "--pp", "2", "--json", str(out)),
+    )
+    assert code == 0
+    assert "Pipeline stages (each traced once)" in stdout
+    data = json.loads(out.read_text())
+    assert schema.errors(data) == []
+    rows = data["distributed"]["roles"]
+    assert [(r["stage"], r["ranks"], r["count"]) for r in rows] == [
+        ("0", "0-3", 4),
+        ("1", "4-7", 4),
+    ]
+    assert data["workload"]["pp"] == 2 and data["workload"]["tp"] == 2
+    assert data["distributed"]["plan"]["dp_size"] == 2
