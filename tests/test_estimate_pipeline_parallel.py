@@ -233,6 +233,7 @@ def test_fit_answers_the_micro_batch_of_the_most_loaded_stage():
         (["--pp", "2", "--pp-split", "1,2"], "2 stages need 1"),
         (["--pp", "2", "--pp-split", "a"], "block indices separated by commas"),
         (["--pp", "2", "--accumulate", "2"], "give --microbatches"),
+        (["--pp", "2", "--precision", "16-mixed"], "--pp with 16-mixed is not yet supported"),
     ],
 )
 def test_bad_pipelines_are_one_line_and_exit_2(capsys, args, needle):

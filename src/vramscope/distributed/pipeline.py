@@ -739,6 +739,12 @@ class PipelineStep:
         if self._runner is None:
             self._runner = StepRunner(replace(w, step=None), CUDA)
             self.recorder = _recorder_of(next(w.model.parameters(), None))
+            if self._runner.scaler is not None and not self.layout.last(self.layout.stages[-1]):
+                raise VramscopeError(
+                    "--pp with 16-mixed is not yet supported: a stage before the last computes "
+                    "no loss for its GradScaler to scale, and GradScaler refuses to step; use "
+                    "bf16-mixed"
+                )
         for buffers in self.recv.values():  # clear_runtime_states
             for buffer in buffers:
                 buffer.grad = None
