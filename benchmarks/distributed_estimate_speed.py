@@ -7,8 +7,9 @@ Each case is ``vramscope.estimate(hf:llama-7b/seq=1024, batch 1 per GPU, paralle
 fresh process, as the command line runs it: the seconds from the process's start (imports of
 torch and transformers included) to the report, and the process's peak resident memory. The
 target (issue 15): a 64-rank FSDP estimate of a 7B model in 60 s or less on 2 cores. The
-64-rank 2-D case (FSDP over 8 × tensor parallel 8, issue 33) has the same target. The
-other cases (FSDP2 mixed precision, HSDP, ZeRO-1 and -2, DDP, 1024 ranks) are for reference.
+64-rank 2-D case (FSDP over 8 × tensor parallel 8, issue 33) has the same target, and so
+has the 64-rank 3-D case (4 pipeline stages, 1F1B, 8 micro-batches × FSDP over 2 × tensor
+parallel 8, issue 33): 4 stages traced, one each. The other cases (FSDP2 mixed precision, HSDP, ZeRO-1 and -2, DDP, 1024 ranks) are for reference.
 ``--quick`` runs the target case alone. Prints a table with MET / MISSED and writes the JSON
 and the table beside it (``.txt``).
 """
@@ -44,6 +45,13 @@ CASES = [
     # 2-D: FSDP over 8 × tensor parallel 8 (the default plan; transformers' Llama: sequence
     # parallel off); the target of issue 33, 60 s or less
     ("fsdp-8 × tp-8", "bf16-mixed", {"strategy": "fsdp", "world_size": 64, "tp": 8}),
+    # 3-D: 4 pipeline stages (1F1B, 8 micro-batches) × FSDP over 2 × tensor parallel 8; the
+    # target of issue 33 too, 60 s or less
+    (
+        "pp-4 × fsdp-2 × tp-8",
+        "bf16-mixed",
+        {"strategy": "fsdp", "world_size": 64, "tp": 8, "pp": 4, "microbatches": 8},
+    ),
 ]
 
 _CHILD = """
@@ -112,7 +120,7 @@ def main() -> int:
         f"({os.cpu_count()} CPUs, load average before {load})"
     )
     say(
-        f"{'case':20s} {'seconds':>8s} {'RSS':>10s} {'parameters':>11s} {'optimizer':>11s} "
+        f"{'case':22s} {'seconds':>8s} {'RSS':>10s} {'parameters':>11s} {'optimizer':>11s} "
         f"{'allocated':>11s} {'reserved':>11s}"
     )
     rows = []
@@ -121,11 +129,11 @@ def main() -> int:
         row = {"case": label, "precision": precision, "plan": plan, **result}
         rows.append(row)
         if "error" in result:
-            say(f"{label:20s} FAILED: {result['error']}")
+            say(f"{label:22s} FAILED: {result['error']}")
             continue
         cats = result["categories_at_peak"]
         say(
-            f"{label:20s} {result['seconds']:8.1f} {gib(result['max_rss_bytes']):>10s} "
+            f"{label:22s} {result['seconds']:8.1f} {gib(result['max_rss_bytes']):>10s} "
             f"{gib(cats['parameters']):>11s} {gib(cats['optimizer_state']):>11s} "
             f"{gib(result['peak']['allocated_bytes']):>11s} "
             f"{gib(result['peak']['reserved_bytes']):>11s}"
@@ -136,13 +144,19 @@ def main() -> int:
         f"target: a 64-rank FSDP estimate of a 7B model in ≤{TARGET_S:.0f} s: "
         f"{target.get('seconds', 'failed')} s, {'MET' if met else 'MISSED'}"
     )
-    two_d = next((r for r in rows if r["plan"].get("tp", 1) > 1), None)
-    if two_d is not None:
-        met_2d = "seconds" in two_d and two_d["seconds"] <= TARGET_S
+    more = {
+        "2-D estimate (FSDP × tensor parallel 8)": lambda plan: plan.get("pp", 1) == 1,
+        "3-D estimate (4 stages × FSDP × tensor parallel 8)": lambda plan: plan.get("pp", 1) > 1,
+    }
+    for words, which in more.items():
+        row = next((r for r in rows if r["plan"].get("tp", 1) > 1 and which(r["plan"])), None)
+        if row is None:
+            continue
+        met_row = "seconds" in row and row["seconds"] <= TARGET_S
+        row["target_met"] = met_row
         say(
-            f"target: a 64-rank 2-D estimate (FSDP × tensor parallel 8) of a 7B model in "
-            f"≤{TARGET_S:.0f} s: {two_d.get('seconds', 'failed')} s, "
-            f"{'MET' if met_2d else 'MISSED'}"
+            f"target: a 64-rank {words} of a 7B model in ≤{TARGET_S:.0f} s: "
+            f"{row.get('seconds', 'failed')} s, {'MET' if met_row else 'MISSED'}"
         )
     result = {
         "cases": rows,

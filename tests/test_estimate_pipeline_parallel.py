@@ -208,13 +208,32 @@ def test_fit_answers_the_micro_batch_of_the_most_loaded_stage():
         (["--pp", "2", "--pp-schedule", "zb"], "unknown --pp-schedule 'zb'"),
         (["--pp", "2", "--microbatches", "1"], "1F1B needs at least one micro-batch per stage"),
         (["--pp", "2", "--pp-schedule", "interleaved-1f1b"], "4 stages but the model has 2"),
-        (["--world-size", "4", "--pp", "2"], "not yet supported"),
-        (["--world-size", "4", "--pp", "2", "--strategy", "fsdp"], "not yet supported"),
-        (["--world-size", "4", "--pp", "2", "--tp", "2"], "--pp with --tp is not yet supported"),
+        (["--world-size", "4", "--pp", "2"], "leaves 2 data-parallel ranks: give --strategy"),
+        (["--world-size", "6", "--pp", "2", "--tp", "2", "--strategy", "fsdp"], "does not divide"),
+        (["--world-size", "8", "--pp", "2", "--tp", "2"], "--pp 2 × --tp 2 leaves 2 data-parallel"),
+        (
+            ["--world-size", "4", "--pp", "2", "--tp", "2", "--strategy", "fsdp"],
+            "takes all 4 ranks",
+        ),
+        (["--world-size", "8", "--pp", "2", "--tp", "2", "--strategy", "ddp"], "with --tp is not"),
+        (
+            [
+                "--world-size",
+                "4",
+                "--pp",
+                "2",
+                "--strategy",
+                "ddp",
+                "--pp-schedule",
+                "interleaved-1f1b",
+            ],
+            "interleaved-1f1b is not yet supported",
+        ),
         (["--microbatches", "4"], "--microbatches applies with --pp"),
         (["--pp", "2", "--pp-split", "1,2"], "2 stages need 1"),
         (["--pp", "2", "--pp-split", "a"], "block indices separated by commas"),
         (["--pp", "2", "--accumulate", "2"], "give --microbatches"),
+        (["--pp", "2", "--precision", "16-mixed"], "--pp with 16-mixed is not yet supported"),
     ],
 )
 def test_bad_pipelines_are_one_line_and_exit_2(capsys, args, needle):
@@ -222,3 +241,225 @@ def test_bad_pipelines_are_one_line_and_exit_2(capsys, args, needle):
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vramscope: error:") and needle in lines[0]
+
+
+# ---- pipeline stages with data and tensor parallel -------------------------------------------
+
+# the projections the default tensor-parallel plan splits, by their names in ExampleLlama
+SPLIT = ("embed_tokens", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj")
+SPLIT += ("down_proj", "lm_head")
+# LLAMA4's two stages (--pp 2): their modules
+STAGE_MODULES = {0: ("embed_tokens", "layers.0.", "layers.1."), 1: ("layers.2.", "layers.3.")}
+STAGE_MODULES[1] += ("norm", "lm_head")
+
+
+def stage_shapes(stage: int) -> dict[str, tuple[int, ...]]:
+    model = resolve(LLAMA4).builder(2, torch.device("meta")).model
+    return {
+        n: tuple(p.shape) for n, p in model.named_parameters() if n.startswith(STAGE_MODULES[stage])
+    }
+
+
+def shard_bytes(stage: int, tp: int, dp: int) -> int:
+    """The stage's parameters as one rank holds them: a tensor-parallel share of the split
+    projections (dimension 0; dimension 1 for the row-wise o_proj and down_proj), the norms
+    whole, then FSDP2's shard of that over ``dp`` ranks (dimension 0 in ``dp`` chunks, each
+    padded to the first's); float32, in the allocator's 512-byte blocks."""
+    total = 0
+    for name, shape in stage_shapes(stage).items():
+        shape = list(shape)
+        if tp > 1 and any(s in name for s in SPLIT):
+            shape[1 if any(s in name for s in ("o_proj", "down_proj")) else 0] //= tp
+        rows = shape[0]
+        total += math.ceil(math.ceil(rows / dp) * (math.prod(shape) // rows) * 4 / 512) * 512
+    return total
+
+
+def mesh(world: int, strategy: str, **kw):
+    plan = ParallelPlan(strategy, world, pp=2, microbatches=4, **kw).check()
+    return estimate(LLAMA4, BATCH, parallel=plan)
+
+
+def traced_elements(world: int, strategy: str, rank: int, **kw) -> tuple[int, int, int]:
+    """The traced rank's parameters, as its objects hold them: the stage's, the elements of
+    its local shards, and of those the tensor-parallel plan leaves whole (the norms)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    from vramscope.estimate.distributed import trace_rank
+    from vramscope.estimate.profiles import get_profile
+
+    plan = ParallelPlan(strategy, world, rank=rank, pp=2, microbatches=4, **kw).check()
+    _, tracer, _ = trace_rank(resolve(LLAMA4), BATCH, get_profile("h200"), plan, None, None, 2)
+    local = whole = 0
+    for p in tracer.applied.workload.model.parameters():
+        local += p._local_tensor.numel() if isinstance(p, DTensor) else p.numel()
+        tp_split = isinstance(p, DTensor) and any(
+            isinstance(x, Shard)
+            for x, dim in zip(p.placements, p.device_mesh.mesh_dim_names, strict=True)
+            if dim == "tp"
+        )
+        if not tp_split:
+            whole += p.numel()
+    return tracer.pipeline.stage_parameters, local, whole
+
+
+def test_fsdp_inside_each_stage_shards_the_stages_parameters_over_its_data_parallel_ranks():
+    # 4 ranks: 2 stages × FSDP over 2; every dimension of the stage's parameters divides by 2
+    stage, local, _ = traced_elements(4, "fsdp", rank=2)
+    assert local * 2 == stage  # the stage's parameters / dp, exactly
+    report = mesh(4, "fsdp")
+    rows = stages(report)
+    assert [(r["stage"], r["ranks"], r["dp_ranks"]) for r in rows.values()] == [
+        ("0", "0-1", "0-1"),
+        ("1", "2-3", "0-1"),
+    ]
+    assert [r["rank"] for r in report.extra["distributed"]["traced_ranks"]] == [0, 2]
+    # what the build leaves on the device: the stage's shards, no whole parameter kept
+    traced = report.extra["distributed"]["rank"]
+    stage_of = {0: 0, 2: 1}[traced]
+    assert report.steps[0].start_allocated_bytes == shard_bytes(stage_of, tp=1, dp=2)
+    # the optimizer state: AdamW's two moments of the shards
+    assert report.categories_at_peak.optimizer_state == 2 * shard_bytes(stage_of, tp=1, dp=2)
+    job = report.extra["distributed"]
+    assert [c["group"] for c in job["communicators"]] == ["pipeline", "data parallel"]
+    assert job["summary"].startswith("pipeline of 2 stages") and "fsdp over 2" in job["summary"]
+
+
+def test_tensor_parallel_inside_each_stage_splits_its_projections_and_its_boundary():
+    stage, local, whole = traced_elements(4, "none", rank=0, tp=2)
+    assert (local - whole) * 2 == stage - whole  # the split projections / tp, exactly
+    report = mesh(4, "none", tp=2)
+    rows = stages(report)
+    assert [(r["stage"], r["ranks"], r["tp_ranks"]) for r in rows.values()] == [
+        ("0", "0-1", "0-1"),
+        ("1", "2-3", "0-1"),
+    ]
+    traced = report.extra["distributed"]["rank"]
+    assert report.steps[0].start_allocated_bytes == shard_bytes(traced // 2, tp=2, dp=1)
+    # sequence parallel (the default plan for ExampleLlama): a stage sends and receives its
+    # share of the sequence, a buffer per micro-batch
+    assert report.extra["distributed"]["tensor_parallel"]["sequence_parallel"] is True
+    assert (
+        rows["1"]["recv_buffer_bytes"] == rows["0"]["grad_recv_buffer_bytes"] == 4 * BOUNDARY // 2
+    )
+
+
+def test_a_3d_mesh_shards_each_stages_tensor_parallel_share_over_data_parallel():
+    # 8 ranks: 2 stages × FSDP over 2 × tensor parallel 2 (tp innermost, pp outermost)
+    stage, local, whole = traced_elements(8, "fsdp", rank=4, tp=2)
+    assert (local - whole // 2) * 4 == stage - whole  # split ones / (tp · dp), norms / dp
+    report = mesh(8, "fsdp", tp=2)
+    rows = stages(report)
+    assert [(r["stage"], r["ranks"], r["tp_ranks"], r["dp_ranks"]) for r in rows.values()] == [
+        ("0", "0-3", "0-1", "0-1"),
+        ("1", "4-7", "0-1", "0-1"),
+    ]
+    assert [r["rank"] for r in report.extra["distributed"]["traced_ranks"]] == [0, 4]
+    traced = report.extra["distributed"]["rank"]
+    assert report.steps[0].start_allocated_bytes == shard_bytes(traced // 4, tp=2, dp=2)
+    job = report.extra["distributed"]
+    assert [c["group"] for c in job["communicators"]] == [
+        "pipeline",
+        "data parallel",
+        "tensor parallel",
+    ]
+    assert job["mesh"]["dims"] == [
+        {"name": "pp", "size": 2},
+        {"name": "dp", "size": 2},
+        {"name": "tp", "size": 2},
+    ]
+
+
+def test_stages_alike_share_one_row_with_all_their_data_parallel_ranks():
+    plan = ParallelPlan("fsdp", 8, pp=4, pp_schedule="gpipe", microbatches=4).check()
+    report = estimate(LLAMA4, BATCH, parallel=plan)
+    job = report.extra["distributed"]
+    assert [(r["stage"], r["ranks"], r["count"]) for r in job["roles"]] == [
+        ("0", "0-1", 2),
+        ("1-2", "2-5", 4),
+        ("3", "6-7", 2),
+    ]
+    assert [r["rank"] for r in job["traced_ranks"]] == [0, 2, 6]
+
+
+def test_ddp_and_zero1_inside_stages_hold_whole_and_partitioned_optimizer_state():
+    ddp, zero1 = mesh(4, "ddp"), mesh(4, "zero1")
+    whole = shard_bytes(ddp.extra["distributed"]["rank"] // 2, tp=1, dp=1)
+    assert ddp.categories_at_peak.parameters == whole
+    assert ddp.categories_at_peak.optimizer_state == 2 * whole
+    # ZeroRedundancyOptimizer over the stage's 2 data-parallel ranks, not the world's 4
+    assert zero1.extra["distributed"]["rank"] == ddp.extra["distributed"]["rank"]
+    assert zero1.categories_at_peak.optimizer_state == pytest.approx(whole, rel=0.1)
+
+
+def test_fit_answers_the_micro_batch_of_the_most_loaded_stage_of_a_3d_mesh():
+    from vramscope.fit.search import fit
+
+    plan = ParallelPlan("fsdp", 8, pp=2, tp=2, microbatches=2).check()
+    section = fit(LLAMA, budget="200MiB", max_batch_size=2, parallel=plan).extra["fit"]
+    per_rank = section["per_rank"]
+    assert section["max_batch_size"] == 2  # the cap: a small model
+    # each step: micro-batches × pipeline micro-batches × data-parallel ranks
+    assert per_rank["job_batch_size"] == 2 * 2 * 2
+    assert per_rank["most_loaded_stage"] in (0, 1)
+
+
+def test_compare_puts_the_data_parallel_strategies_of_a_pipeline_side_by_side():
+    from vramscope.fit.compare import compare
+
+    plan = ParallelPlan("fsdp", 4, pp=2, microbatches=2)
+    report = compare([LLAMA], 2, parallel=plan, parallel_each=True)
+    rows = {r["name"]: r for r in report.extra["fit"]["strategies"]}
+    assert list(rows)[:3] == ["ddp", "zero1", "zero2"]
+    # ZeRO-1 partitions the optimizer state over the stage's data-parallel ranks: less
+    assert rows["zero1"]["peak"]["allocated_bytes"] < rows["ddp"]["peak"]["allocated_bytes"]
+    assert rows["fsdp"]["peak"]["allocated_bytes"] < rows["ddp"]["peak"]["allocated_bytes"]
+
+
+def test_1f1b_traces_one_steady_round_and_holds_what_the_whole_step_holds(monkeypatch):
+    import vramscope.distributed.pipeline as pipeline
+
+    plan = ParallelPlan("fsdp", 4, pp=2, microbatches=6).check()
+    short = stages(estimate(LLAMA, BATCH, parallel=plan))
+    # stage s: its warm-up (2 - s forwards) and one backward-forward pair
+    assert [r["traced_microbatches"] for r in short.values()] == [3, 2]
+    monkeypatch.setattr(pipeline, "traced_microbatches", lambda schedule, pp, m, rank: m)
+    whole = stages(estimate(LLAMA, BATCH, parallel=plan))
+    assert [r["traced_microbatches"] for r in whole.values()] == [6, 6]
+    for stage, row in short.items():
+        assert row["peak"] == whole[stage]["peak"]
+        assert row["activations_at_peak_bytes"] == whole[stage]["activations_at_peak_bytes"]
+        # the last stage keeps the gradient of each received activation, the 3 untraced too
+        assert row["recv_buffer_bytes"] == whole[stage]["recv_buffer_bytes"]
+
+
+def test_data_parallel_inside_stages_leaves_what_each_micro_batch_saves_alone():
+    # the other stages' work (run for the shapes) is not this GPU's under FSDP's and DDP's
+    # parameters either: each stage saves what it saves without data parallel
+    alone = stages(pp(LLAMA, 2, microbatches=4))
+    for strategy in ("fsdp", "ddp"):
+        plan = ParallelPlan(strategy, 4, pp=2, microbatches=4).check()
+        rows = stages(estimate(LLAMA, BATCH, parallel=plan))
+        for stage, row in rows.items():
+            saved = row["activations_at_peak_bytes"]
+            assert saved == alone[stage]["activations_at_peak_bytes"], (strategy, stage)
+
+
+def test_a_3d_mesh_on_the_command_line_reports_a_row_per_stage(capsys, tmp_path):
+    out = tmp_path / "3d.json"
+    code, stdout, _ = run_cli(
+        capsys,
+        *("estimate", LLAMA, "-b", "2", "--world-size", "8", "--strategy", "fsdp"),
+        *("--tp", "2", "--pp", "2", "--json", str(out)),
+    )
+    assert code == 0
+    assert "Pipeline stages (each traced once)" in stdout
+    data = json.loads(out.read_text())
+    assert schema.errors(data) == []
+    rows = data["distributed"]["roles"]
+    assert [(r["stage"], r["ranks"], r["count"]) for r in rows] == [
+        ("0", "0-3", 4),
+        ("1", "4-7", 4),
+    ]
+    assert data["workload"]["pp"] == 2 and data["workload"]["tp"] == 2
+    assert data["distributed"]["plan"]["dp_size"] == 2

@@ -251,7 +251,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
         (["--world-size", "8", "--tp", "2"], "leaves 4 data-parallel ranks: give --strategy"),
         (["--world-size", "8", "--tp", "2", "--strategy", "ddp"], "not yet supported"),
         (["--world-size", "2", "--tp", "2", "--strategy", "fsdp"], "leave --strategy out"),
-        (["--world-size", "8", "--tp", "2", "--pp", "2", "--strategy", "fsdp"], "pipeline"),
+        (["--world-size", "8", "--tp", "2", "--pp", "3", "--strategy", "fsdp"], "pipeline"),
         (["--world-size", "8", "--tp", "2", "--cp", "2", "--strategy", "fsdp"], "context"),
         (["--world-size", "8", "--tp", "2", "--ep", "2", "--strategy", "fsdp"], "expert"),
         (["--world-size", "8", "--strategy", "fsdp", "--sequence-parallel"], "applies with --tp"),

@@ -117,6 +117,15 @@ RECORDINGS = (
             "4",
         ),
     ),
+    Recording(
+        "estimate-3d-7b",
+        (
+            *("estimate", "hf:llama-7b/seq=4096", "-b", "1", "--gpu", "h100-80gb"),
+            *("--precision", "32-true", "--world-size", "64", "--strategy", "fsdp"),
+            *("--param-dtype", "bf16", "--reduce-dtype", "fp32"),
+            *("--tp", "8", "--pp", "4", "--microbatches", "8", "--json", "7b-3d.json"),
+        ),
+    ),
     Recording("fit", ("fit", "example:gpt", "--gpu", "rtx4090")),
     Recording(
         "fit-plans",

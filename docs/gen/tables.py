@@ -370,7 +370,13 @@ def distributed_estimate_speed(root: Path) -> str:
         f"{meta['cpus']}-core {meta['cpu']} CPU (torch {meta['torch']}, {meta['date']}). A case "
         "that *runs out* does not fit the H100: its columns are the memory where it ran out. "
         f"Target: the 64-rank FSDP estimate in ≤{target['seconds']:.0f} s: "
-        f"{'met' if target['met'] else 'missed'}.",
+        f"{'met' if target['met'] else 'missed'}"
+        + "".join(
+            f"; the {_plan(case['plan'])} estimate: {'met' if case['target_met'] else 'missed'}"
+            for case in data["cases"]
+            if "target_met" in case
+        )
+        + f". Load average before the run: {', '.join(map(str, data.get('load_before', [])))}.",
         source("distributed_estimate_speed.json"),
     )
 
@@ -380,8 +386,10 @@ def _plan(plan: dict[str, Any]) -> str:
     words = [plan["strategy"] + (f" × {plan['world_size']}" if "world_size" in plan else "")]
     if plan.get("shard_size"):
         words.append(f"shard groups of {plan['shard_size']}")
+    if plan.get("pp", 1) > 1:
+        words.append(f"{plan['pp']} pipeline stages ({plan.get('microbatches')} micro-batches)")
     if plan.get("tp", 1) > 1:
-        words.append(f"tensor parallel {plan['tp']} (2-D)")
+        words.append(f"tensor parallel {plan['tp']} ({'3-D' if plan.get('pp', 1) > 1 else '2-D'})")
     for key in ("param_dtype", "reduce_dtype"):
         if plan.get(key):
             words.append(f"{key.split('_')[0]} {plan[key]}")

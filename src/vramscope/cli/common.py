@@ -328,7 +328,8 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             type=int,
             help="Pipeline parallel over this many stages: the model's repeated blocks divided "
             "evenly among them, the embeddings on the first, the head and the loss on the last; "
-            "one row per stage (--world-size defaults to --pp).",
+            "one row per stage (--world-size defaults to --pp × --tp); with --strategy and --tp, "
+            "data and tensor parallel inside each stage.",
         ),
         click.option(
             "--pp-schedule",
@@ -408,8 +409,7 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             each_strategy
             and given["world_size"] is not None
             and given["strategy"] is None
-            and (tp == 1 or given["world_size"] != tp)
-            and given.get("pp", 1) == 1
+            and (tp == 1 or given["world_size"] != tp * given.get("pp", 1))
             and given.get("cp", 1) == 1
             and given.get("ep", 1) == 1
         )
@@ -419,8 +419,10 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             # the settings of every strategy compared; each row keeps those it takes
             settings = {k: v for k, v in given.items() if k not in ("world_size", "strategy")}
             base = ParallelPlan(strategy="fsdp", world_size=given["world_size"], **settings)
-            # the world size and DDP's settings (with --tp, FSDP's: DDP does not take it)
-            base.with_strategy("ddp" if tp == 1 else "fsdp").check()
+            # the world size and DDP's settings (with --tp, FSDP's: DDP does not take it,
+            # nor an interleaved pipeline)
+            interleaved = given.get("pp_schedule") == "interleaved-1f1b"
+            base.with_strategy("ddp" if tp == 1 and not interleaved else "fsdp").check()
             kwargs["parallel"] = base
             kwargs["parallel_each"] = True
         else:

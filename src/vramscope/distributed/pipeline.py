@@ -39,13 +39,34 @@ stage runs here as torch's ``PipelineStage`` runs it, keeping what it keeps
 The last stage's outputs are not kept for the caller (``step(..., return_outputs=False)``,
 as a training script that reads only the losses calls it).
 
+Data and tensor parallel run inside a stage (a 3-D job): tensor parallel's plan is worked
+out on the whole model and applied to the stage's modules, FSDP2 shards each of the stage's
+blocks and then the stage's root, DDP wraps the stage's model, over the stage's
+data-parallel group. The step then does what ``PipelineStage.backward_maybe_with_nosync``
+and ``perform_reduce_grad`` do: under DDP every forward and every backward but the stage's
+last run in ``no_sync`` (the buckets are all-reduced once); under FSDP2 every backward runs
+with ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` (the
+gathered parameters stay, the unsharded gradients accumulate) and after the last one every
+group's ``post_backward`` reduce-scatters and reshards. With sequence parallel a stage
+receives and sends its share of the sequence.
+
+1F1B's rounds after the first are not traced: after its warm-up a stage holds the same
+micro-batches in flight at each backward, so its warm-up and one backward-forward pair
+(``pp - s + 1`` micro-batches on stage ``s``, :func:`traced_microbatches`) hold what a step
+of more holds; the receive buffers are made for every micro-batch, as torch makes them,
+and the gradients of the received activations of the micro-batches not traced (each kept
+until the next step) are made before the traced pair.
+
 A stage runs the model's own forward (the workload's loss function, called on the model):
 what comes before the stage's first block (the embedding, the masks and rotary tables of
 later stages) and what comes after its last block on a stage that is not the last runs
 unrecorded, as it runs on other ranks; the stage's first block takes the received
 activation instead of its input, and the output of its last block is what it sends.
 Masks and rotary tables a model computes before its blocks are therefore not counted on
-stages after the first (each stage of a real job computes its own; they are small).
+stages after the first (each stage of a real job computes its own; they are small). Blocks
+of other stages run once; a block that returns a tensor like its input hands its input on
+after that (:class:`_Elsewhere`), so a deep model's other stages cost nothing each
+micro-batch.
 """
 
 from __future__ import annotations
@@ -176,6 +197,18 @@ def schedule_order(schedule: str, pp: int, microbatches: int, rank: int) -> list
     return actions
 
 
+def traced_microbatches(schedule: str, pp: int, microbatches: int, rank: int) -> int:
+    """How many of a step's micro-batches the trace of pipeline rank ``rank`` runs. 1F1B's
+    steady phase repeats: after its warm-up a stage holds the same micro-batches in flight
+    at each backward, its gradients accumulate in the same tensors and its receive buffers
+    are made at once for every micro-batch, so its warm-up (``pp - rank`` forwards) and one
+    backward-forward pair hold what every later round holds. GPipe holds every micro-batch,
+    and the interleaved order is torch's own: all are run."""
+    if schedule == "1f1b":
+        return min(microbatches, pp - rank + 1)
+    return microbatches
+
+
 def most_in_flight(actions: list[Action]) -> dict[int, int]:
     """Per stage: the most micro-batches forwarded and not yet backwarded at once."""
     alive: dict[int, int] = {}
@@ -235,6 +268,8 @@ class StageLayout:
     before: list[str]  # modules with parameters before the blocks: the first stage's
     after: list[str]  # after them: the last stage's
     order: list[Action] = field(default_factory=list)
+    # the order the trace runs: the first micro-batches of ``order`` (traced_microbatches)
+    traced: list[Action] = field(default_factory=list)
 
     @property
     def stages(self) -> list[int]:
@@ -286,6 +321,7 @@ class StageLayout:
             "first": 0 in self.stages,
             "last": self.count - 1 in self.stages,
             "in_flight": [flight.get(s, 0) for s in self.stages],
+            "traced_microbatches": len({a.microbatch for a in self.traced}) or None,
         }
 
 
@@ -348,6 +384,9 @@ def plan_layout(
         before=before,
         after=after,
         order=schedule_order(schedule, pp, microbatches, rank),
+        traced=schedule_order(
+            schedule, pp, traced_microbatches(schedule, pp, microbatches, rank), rank
+        ),
     )
 
 
@@ -357,14 +396,36 @@ def plan_layout(
 class _Elsewhere(torch.nn.Module):
     """A module of another stage: it runs (unrecorded, for the shapes that follow) but its
     parameters are not this rank's (not among the stage's parameters, on no block of this
-    GPU)."""
+    GPU).
 
-    def __init__(self, inner: torch.nn.Module) -> None:
+    Another stage's block (``block=True``) runs once; when it returned a tensor of its first
+    argument's shape and dtype, as a transformer layer does, it hands its first argument on
+    from then on: the blocks before the stage only give the shape of what the stage
+    receives (the receive buffer replaces it), those after it are another rank's work, and
+    a deep model's other stages cost nothing each micro-batch."""
+
+    other_stage = True
+
+    def __init__(self, inner: torch.nn.Module, block: bool = False) -> None:
         super().__init__()
         object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_passes_on", None if block else False)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._inner(*args, **kwargs)
+        first = args[0] if args else kwargs.get("hidden_states")
+        if self._passes_on and isinstance(first, torch.Tensor):
+            return first
+        out = self._inner(*args, **kwargs)
+        if self._passes_on is None:
+            same = (
+                isinstance(first, torch.Tensor)
+                and isinstance(out, torch.Tensor)
+                and type(out) is type(first)
+                and out.shape == first.shape
+                and out.dtype == first.dtype
+            )
+            object.__setattr__(self, "_passes_on", same)
+        return out
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -379,6 +440,8 @@ class _Elsewhere(torch.nn.Module):
 
 
 def _recorder_of(tensor: Any) -> Any:
+    """The recorder of the trace a (fake) tensor belongs to; of a DTensor's local shard."""
+    tensor = getattr(tensor, "_local_tensor", tensor)
     mode = getattr(tensor, "fake_mode", None)
     return getattr(mode, "recorder", None)
 
@@ -424,6 +487,15 @@ class PipelineApplied:
     stage_parameters: int  # parameters this rank holds
     model_parameters: int  # of the whole model
 
+    def own_blocks(self) -> list[torch.nn.Module]:
+        """The blocks of this rank's stages, in order."""
+        layout, model = self.layout, self.workload.model
+        return [
+            model.get_submodule(layout.block_names[i])
+            for stage in layout.stages
+            for i in layout.blocks[stage]
+        ]
+
 
 def apply_pipeline(
     workload: Workload,
@@ -460,6 +532,7 @@ def apply_pipeline(
     if 0 in mine:  # the model's own parameters (outside any module) go with the embeddings
         kept.update(id(p) for p in model.parameters(recurse=False))
     model_parameters = sum(p.numel() for p in model.parameters())
+    blocks = set(layout.block_names)
     recorder = _recorder_of(next(model.parameters()))
     for name in ["", *others]:
         module = model.get_submodule(name)
@@ -474,7 +547,7 @@ def apply_pipeline(
                     if t is not None:
                         sub._buffers[key] = torch.empty_like(t)
         if name:
-            _set_module(model, name, _Elsewhere(module))
+            _set_module(model, name, _Elsewhere(module, block=name in blocks))
     from vramscope.distributed.optim import constructor_defaults
 
     optimizer = workload.optimizer
@@ -495,10 +568,6 @@ def apply_pipeline(
 # ---- the step ------------------------------------------------------------------------------
 
 
-class _StageDone(Exception):
-    pass
-
-
 class PipelineStep:
     """One training step of a pipeline rank, as torch's ``PipelineStage`` and schedule run
     it (see the module's docstring): the rank's forwards and backwards in the schedule's
@@ -516,6 +585,14 @@ class PipelineStep:
         self.recv_bytes = 0  # the receive buffers this rank keeps
         self.grad_recv_bytes = 0
         self._runner: Any = None
+        # the stage's data parallel, as torch's PipelineStage meets it: the FSDP2 root
+        # (fully_shard on the stage's model) or the DistributedDataParallel wrapper
+        self.fsdp: Any = None
+        self.ddp: Any = None
+        # with sequence parallel: (tensor-parallel ranks, this rank's index); a stage
+        # receives its share of the sequence, as its blocks hold the activations
+        self.sequence_shard: tuple[int, int] | None = None
+        self._sequence_length: int | None = None  # the whole sequence, with sequence_shard
         model = workload.model
         for stage in layout.stages:
             span = layout.blocks[stage]
@@ -538,6 +615,12 @@ class PipelineStep:
                     f"--pp: {type(module).__name__}'s first argument is not a tensor: the "
                     "activation a stage receives replaces a block's first argument"
                 )
+            if self.sequence_shard is not None and incoming.dim() > 1:
+                ranks, index = self.sequence_shard
+                size = self._sequence_length = incoming.size(1)
+                chunk = -(-size // ranks)  # torch.chunk's share, the last ranks smaller
+                start = min(size, index * chunk)
+                incoming = incoming.narrow(1, start, max(0, min(chunk, size - start)))
             buffers = self.recv.get(stage)
             if buffers is None:  # torch makes them at the first step, one per micro-batch
                 buffers = [
@@ -555,14 +638,39 @@ class PipelineStep:
         return hook
 
     def _leaving(self, stage: int) -> Any:
-        def hook(module: Any, args: Any, output: Any) -> None:
+        def hook(module: Any, args: Any, output: Any) -> Any:
             if self.active != stage or self.layout.last(stage):
-                return
+                return None
             self.output = output
             if self.recorder is not None:
                 self.recorder.paused += 1  # the later stages' work
+            if self.sequence_shard is None or not isinstance(output, torch.Tensor):
+                return None
+            # the stage sends its share of the sequence; the later stages' modules, run
+            # here for the shapes only, take the whole sequence
+            whole = self._sequence_length or output.size(1) * self.sequence_shard[0]
+            return output.new_empty((output.size(0), whole, *output.shape[2:]))
 
         return hook
+
+    def _untraced_grads(self) -> None:
+        """The gradients of the received activations of the micro-batches the trace does not
+        run (:func:`traced_microbatches`), made before the traced round's last backward-forward
+        pair: each backward leaves one until the next step, so from there on as many are
+        alive as in the step's last round (before it, as many as in the step's first)."""
+        traced = len({a.microbatch for a in self.layout.traced}) or self.layout.microbatches
+        for buffers in self.recv.values():
+            for buffer in buffers[traced:]:
+                buffer.grad = torch.empty_like(buffer)
+                self._made_in_backward(buffer.grad)
+
+    def _made_in_backward(self, tensor: torch.Tensor) -> None:
+        """Record ``tensor`` as made in a backward, where autograd makes the gradients of
+        the received activations (a temporary, not an activation saved for backward)."""
+        recorder = self.recorder
+        entry = recorder.live.get(tensor.untyped_storage()._cdata) if recorder else None
+        if entry is not None and entry[0] is not None:
+            recorder.blocks[entry[0]].phase = "backward"
 
     def _label(self, buffers: list[torch.Tensor]) -> None:
         """The receive buffers are the stage's communication buffers, kept across steps
@@ -590,6 +698,11 @@ class PipelineStep:
         w = self.workload
         args, kwargs = self._micro_batch(stage)
         self.active, self.microbatch, self.output = stage, microbatch, None
+        if self.sequence_shard is not None and self.layout.first(stage):
+            # the first stage's blocks see their share only: the inputs' (batch, sequence)
+            tokens = _first_tensor([*args, *kwargs.values()])
+            if tokens is not None and tokens.dim() > 1:
+                self._sequence_length = tokens.size(1)
         first, last = self.layout.first(stage), self.layout.last(stage)
         if not first and self.recorder is not None:
             self.recorder.paused += 1  # the earlier stages' work, until the stage's first block
@@ -626,22 +739,33 @@ class PipelineStep:
         if self._runner is None:
             self._runner = StepRunner(replace(w, step=None), CUDA)
             self.recorder = _recorder_of(next(w.model.parameters(), None))
+            if self._runner.scaler is not None and not self.layout.last(self.layout.stages[-1]):
+                raise VramscopeError(
+                    "--pp with 16-mixed is not yet supported: a stage before the last computes "
+                    "no loss for its GradScaler to scale, and GradScaler refuses to step; use "
+                    "bf16-mixed"
+                )
         for buffers in self.recv.values():  # clear_runtime_states
             for buffer in buffers:
                 buffer.grad = None
         cache: dict[tuple[int, int], Any] = {}
-        for action in self.layout.order:
+        order = self.layout.traced or self.layout.order
+        last_backward = {a.stage: i for i, a in enumerate(order) if a.kind == "B"}
+        last_forward = max((i for i, a in enumerate(order) if a.kind == "F"), default=-1)
+        last_round = max((i for i in range(last_forward) if order[i].kind == "B"), default=None)
+        for i, action in enumerate(order):
+            if i == last_round:
+                self._untraced_grads()
             key = (action.stage, action.microbatch)
             if action.kind == "F":
-                cache[key] = self._forward(*key)
+                with self._no_sync():  # forward_maybe_with_nosync
+                    cache[key] = self._forward(*key)
                 continue
             out = cache.pop(key)
-            if self.layout.last(action.stage):
-                out.backward()
-            else:
-                torch.autograd.backward(out, grad_tensors=self.grad_recv[action.stage][key[1]])
+            self._backward(out, action, last=last_backward[action.stage] == i)
             del out
         cache.clear()
+        self._reduce_grads()
         for p in w.model.parameters():  # scale_grads: the losses of all micro-batches summed
             if p.grad is not None:
                 p.grad.div_(self.layout.microbatches)
@@ -653,6 +777,66 @@ class PipelineStep:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=w.meta.get("zero_grad_set_to_none", True))
+
+    # data parallel inside the stage, as torch's PipelineStage runs it ------------------------
+
+    def _no_sync(self) -> Any:
+        return self.ddp.no_sync() if self.ddp is not None else contextlib.nullcontext()
+
+    def _backward(self, out: Any, action: Action, last: bool) -> None:
+        """One micro-batch's backward (``backward_maybe_with_nosync``): DDP all-reduces on
+        the stage's last backward only; FSDP2 keeps its parameters gathered and its gradients
+        whole, unreduced, from one backward to the next (``set_reshard_after_backward(False)``,
+        ``set_requires_gradient_sync(False)``)."""
+
+        def run() -> None:
+            if self.layout.last(action.stage):
+                out.backward()
+            else:
+                grads = self.grad_recv[action.stage][action.microbatch]
+                torch.autograd.backward(out, grad_tensors=grads)
+
+        if self.ddp is not None:
+            if not last:
+                with self.ddp.no_sync():
+                    run()
+                return
+            from torch.nn.parallel.distributed import _find_tensors
+
+            self.ddp.reducer.prepare_for_backward(list(_find_tensors(out)))
+            run()
+            return
+        if self.fsdp is not None:
+            self.fsdp.set_is_last_backward(False)
+            self.fsdp.set_reshard_after_backward(False)
+            self.fsdp.set_requires_gradient_sync(False)
+        run()
+
+    def _reduce_grads(self) -> None:
+        """FSDP2's post-backward after the stage's last backward (``perform_reduce_grad``):
+        every group reduce-scatters the gradients it accumulated and reshards."""
+        if self.fsdp is None:
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        root = self.fsdp
+        root.set_is_last_backward(True)
+        root.set_reshard_after_backward(True)
+        root.set_requires_gradient_sync(True)
+        state = fully_shard.state(root)
+        for each in state._state_ctx.all_states:
+            for group in _param_groups_of(each):
+                group.post_backward()
+        state._root_post_backward_final_callback()
+
+
+def _param_groups_of(state: Any) -> list[Any]:
+    """An FSDP2 state's parameter groups (one, or a list in newer torch)."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [group] if group is not None else []
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:

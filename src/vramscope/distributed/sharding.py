@@ -35,11 +35,13 @@ group are consecutive, as on one node), the data-parallel strategy over what rem
 with torch's ``parallelize_module`` (:mod:`vramscope.distributed.tensor_parallel`), then
 FSDP2 over the data-parallel dimension of the same mesh: a 2-D job. Pipeline parallel
 (``pp`` stages, the outermost dimension) cuts the model into stages
-(:mod:`vramscope.distributed.pipeline`); with it, data and tensor parallel are not applied
-yet. Context parallel (``cp``: each rank a share of every sequence, torch's ring attention,
-:mod:`vramscope.distributed.context_parallel`) and expert parallel (``ep``: each rank a
-share of every MoE layer's experts, tokens exchanged all-to-all,
-:mod:`vramscope.distributed.expert_parallel`) are estimated alone, over the whole world.
+(:mod:`vramscope.distributed.pipeline`) first; tensor parallel and the data-parallel strategy
+are then applied to the stage's own modules as they are to a whole model (a 3-D job: the
+data-parallel dimension is world size / (tp · pp)). Context parallel (``cp``: each rank a
+share of every sequence, torch's ring attention, :mod:`vramscope.distributed.context_parallel`)
+and expert parallel (``ep``: each rank a share of every MoE layer's experts, tokens exchanged
+all-to-all, :mod:`vramscope.distributed.expert_parallel`) are estimated alone, over the whole
+world.
 """
 
 from __future__ import annotations
@@ -260,28 +262,25 @@ class ParallelPlan:
             return self
         dp = self.dp_size
         if s == NO_DATA_PARALLEL:
-            if dp > 1 and self.pipeline:
-                raise VramscopeError(
-                    f"--world-size {n} with --pp {self.pp} leaves {dp} data-parallel ranks: "
-                    "data parallel with pipeline stages is not yet supported by the estimator "
-                    f"(give --world-size {self.pp * self.tp})"
-                )
             if dp > 1:
-                raise VramscopeError(
-                    f"--world-size {n} with --tp {self.tp} leaves {dp} data-parallel ranks: "
-                    "give --strategy (fsdp, hsdp or zero2)"
+                given = self._model_parallel_flags()
+                choices = (
+                    "fsdp, hsdp or zero2" if self.tensor_parallel else ", ".join(STRATEGY_NAMES)
                 )
-        elif self.tensor_parallel:
-            if dp == 1:
                 raise VramscopeError(
-                    f"--tp {self.tp} takes all {n} ranks: no data-parallel ranks are left for "
-                    f"--strategy {s} (leave --strategy out)"
+                    f"--world-size {n} with {given} leaves {dp} data-parallel ranks: "
+                    f"give --strategy ({choices})"
                 )
-            if s not in WITH_TENSOR_PARALLEL:
-                raise VramscopeError(
-                    f"--strategy {s} with --tp is not yet supported (DDP over tensor-parallel "
-                    "DTensor parameters); use --strategy fsdp, hsdp or zero2 with --tp"
-                )
+        elif (self.tensor_parallel or self.pipeline) and dp == 1:
+            raise VramscopeError(
+                f"{self._model_parallel_flags()} takes all {n} ranks: no data-parallel ranks "
+                f"are left for --strategy {s} (leave --strategy out)"
+            )
+        if s != NO_DATA_PARALLEL and self.tensor_parallel and s not in WITH_TENSOR_PARALLEL:
+            raise VramscopeError(
+                f"--strategy {s} with --tp is not yet supported (DDP over tensor-parallel "
+                "DTensor parameters); use --strategy fsdp, hsdp or zero2 with --tp"
+            )
         if self.sequence_parallel is not None and not self.tensor_parallel:
             flag = "--sequence-parallel" if self.sequence_parallel else "--no-sequence-parallel"
             raise VramscopeError(f"{flag} applies with --tp (tensor parallel)")
@@ -342,6 +341,11 @@ class ParallelPlan:
             )
         return self
 
+    def _model_parallel_flags(self) -> str:
+        """``--pp 4 × --tp 8``: the model-parallel dimensions given."""
+        sizes = (("pp", self.pp), ("tp", self.tp))
+        return " × ".join(f"--{name} {size}" for name, size in sizes if size > 1)
+
     def _check_pipeline(self) -> None:
         from vramscope.distributed.pipeline import check_schedule
 
@@ -361,16 +365,11 @@ class ParallelPlan:
                 + ": the world is the pipeline's stages times the ranks of each stage"
             )
         check_schedule(self.schedule, self.pp, self.microbatch_count)
-        if self.tensor_parallel:
+        if self.strategy in ("ddp", "zero1") and self.schedule == "interleaved-1f1b":
             raise VramscopeError(
-                "--pp with --tp is not yet supported by the estimator (pipeline stages of "
-                "tensor-parallel groups); estimate --pp alone, or --tp alone"
-            )
-        if self.strategy != NO_DATA_PARALLEL:
-            raise VramscopeError(
-                f"--pp with --strategy {self.strategy} is not yet supported by the estimator "
-                "(data parallel over pipeline stages); leave --strategy out, with --world-size "
-                "equal to --pp"
+                f"--strategy {self.strategy} with --pp-schedule interleaved-1f1b is not yet "
+                "supported by the estimator (one DDP reducer per virtual stage); use fsdp, "
+                "zero2 or hsdp, or --pp-schedule 1f1b"
             )
 
     def _check_context_and_experts(self) -> None:
@@ -429,6 +428,13 @@ class ParallelPlan:
             ]
             if self.pp_split:
                 words.append(f"split at blocks {', '.join(map(str, self.pp_split))}")
+            inner = []
+            if self.strategy != NO_DATA_PARALLEL:
+                inner.append(f"{self.strategy} over {self.dp_size}")
+            if self.tensor_parallel:
+                inner.append(f"tensor parallel {self.tp}")
+            if inner:
+                words[0] += f" × {' × '.join(inner)} ({self.world_size} ranks)"
         elif not self.tensor_parallel:
             words = [f"{self.strategy} over {self.world_size} ranks"]
         elif self.strategy == NO_DATA_PARALLEL:
@@ -520,12 +526,16 @@ class Applied:
 
 
 def device_mesh(plan: ParallelPlan, device_type: str) -> Any:
-    """The job's DeviceMesh, ``init_device_mesh`` over the plan's dimensions: data parallel
-    (``dp``, or HSDP's ``replicate`` and ``shard``) and tensor parallel (``tp``, innermost)."""
+    """The job's DeviceMesh, ``init_device_mesh`` over the plan's dimensions: pipeline
+    (``pp``, outermost), data parallel (``dp``, or HSDP's ``replicate`` and ``shard``) and
+    tensor parallel (``tp``, innermost)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape: list[int] = []
     names: list[str] = []
+    if plan.pipeline:
+        shape.append(plan.pp)
+        names.append("pp")
     if plan.strategy == "hsdp":
         shape += [plan.replicate_size, plan.shard_group_size]
         names += ["replicate", "shard"]
@@ -545,12 +555,18 @@ def apply_plan(
     *,
     pin_memory: bool = True,
     ddp_kwargs: dict[str, Any] | None = None,
+    tensor_parallel: Any = None,
+    blocks: list[torch.nn.Module] | None = None,
 ) -> Applied:
     """Apply ``plan`` to a built ``workload`` on ``device`` (a process group must exist):
     tensor parallel first (``parallelize_module`` on the mesh's ``tp`` dimension), then the
     data-parallel strategy. Use the returned workload only: for FSDP2 and tensor parallel
     the optimizer is rebuilt over the new parameters, and ``workload``'s own optimizer still
-    holds the whole parameters as built (on the device until it is dropped)."""
+    holds the whole parameters as built (on the device until it is dropped).
+
+    For a pipeline stage (a model cut by :func:`vramscope.distributed.pipeline.apply_pipeline`)
+    ``tensor_parallel`` is the layout worked out on the whole model, kept to the stage's
+    modules, and ``blocks`` the stage's own blocks, each sharded by FSDP as its own group."""
     if not plan.sharded and not plan.tensor_parallel:
         return _apply_ddp(workload, plan, device, ddp_kwargs or {})
     model = workload.model
@@ -561,13 +577,17 @@ def apply_plan(
         from vramscope.distributed.tensor_parallel import apply_tensor_parallel
 
         layout = apply_tensor_parallel(
-            model, mesh["tp"], workload.tensor_parallel_plan, plan.sequence_parallel
+            model,
+            mesh["tp"],
+            workload.tensor_parallel_plan,
+            plan.sequence_parallel,
+            layout=tensor_parallel,
         )
     units: list[str] = []
     unit_class = None
     groups = 0
     if plan.sharded:
-        units, unit_class = _apply_fsdp(model, plan, mesh, pin_memory)
+        units, unit_class = _apply_fsdp(model, plan, mesh, pin_memory, blocks)
         groups = len(units) + 1
     optimizer = workload.optimizer
     if optimizer is not None:
@@ -587,6 +607,10 @@ def _apply_ddp(
     if plan.bucket_cap_mb is not None:
         # an explicit cap applies to every bucket; left out, DDP's first bucket is 1 MiB
         kwargs = {**kwargs, "bucket_cap_mb": plan.bucket_cap_mb}
+    group = None
+    if plan.pipeline:  # the stage's data-parallel ranks, not the world
+        group = device_mesh(plan, device.type)["dp"].get_group()
+        kwargs = {**kwargs, "process_group": group}
     model = DistributedDataParallel(
         workload.model,
         device_ids=[device.index or 0] if device.type == "cuda" else None,
@@ -601,6 +625,7 @@ def _apply_ddp(
         zero = ZeroRedundancyOptimizer(
             _param_groups(optimizer, None),
             optimizer_class=type(optimizer),
+            process_group=group,
             **constructor_defaults(optimizer),
         )
         optimizer = zero
@@ -609,7 +634,11 @@ def _apply_ddp(
 
 
 def _apply_fsdp(
-    model: torch.nn.Module, plan: ParallelPlan, mesh: Any, pin_memory: bool
+    model: torch.nn.Module,
+    plan: ParallelPlan,
+    mesh: Any,
+    pin_memory: bool,
+    blocks: list[torch.nn.Module] | None = None,
 ) -> tuple[list[str], str | None]:
     """``fully_shard`` on each unit, then on the root, over the mesh's data-parallel
     dimension(s); the units' names and class."""
@@ -628,7 +657,10 @@ def _apply_fsdp(
         )
     if plan.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
-    units = shard_units(model, plan.shard_module)
+    if blocks is not None and plan.shard_module is None:
+        units = list(blocks)
+    else:
+        units = shard_units(model, plan.shard_module)
     unit_class = type(units[0]).__name__ if units else None  # fully_shard renames the class
     module_names = {id(m): n for n, m in model.named_modules()}
     for unit in units:

@@ -374,17 +374,10 @@ def _outside_blocks(
 # ---- applying a plan ------------------------------------------------------------------------
 
 
-def apply_tensor_parallel(
-    model: nn.Module,
-    mesh: Any,
-    plan: dict[str, Any] | None,
-    sequence_parallel: bool | None = None,
+def plan_layout(
+    model: nn.Module, plan: dict[str, Any] | None, sequence_parallel: bool | None = None
 ) -> TensorParallelLayout:
-    """Apply the workload's ``plan`` (or the default plan) to ``model`` on the
-    tensor-parallel ``mesh`` with ``parallelize_module``; tied parameters that the plan splits
-    alike are tied again. Return the layout applied."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
+    """The layout of the workload's ``plan``, or of the default plan for ``model``."""
     if plan is not None:
         if not isinstance(plan, dict) or not plan:
             raise VramscopeError(
@@ -400,6 +393,43 @@ def apply_tensor_parallel(
         )
     else:
         layout = default_plan(model, sequence_parallel)
+    return layout
+
+
+def kept_to(layout: TensorParallelLayout, model: nn.Module) -> TensorParallelLayout:
+    """``layout`` (worked out on a whole model) kept to the modules ``model`` still holds:
+    a pipeline stage's. Patterns (``layers.*.mlp``) stay; ``parallelize_module`` applies
+    them to what they match."""
+    from dataclasses import replace
+
+    # another stage's module stands in the stage's model as a placeholder (``other_stage``)
+    present = {n for n, m in model.named_modules() if not getattr(m, "other_stage", False)}
+
+    def here(name: str) -> bool:
+        return name in present or any(c in name for c in "*?[")
+
+    return replace(
+        layout,
+        styles={n: style for n, style in layout.styles.items() if here(n)},
+        sharded=[n for n in layout.sharded if here(n)],
+        replicated=[n for n in layout.replicated if here(n)],
+    )
+
+
+def apply_tensor_parallel(
+    model: nn.Module,
+    mesh: Any,
+    plan: dict[str, Any] | None,
+    sequence_parallel: bool | None = None,
+    layout: TensorParallelLayout | None = None,
+) -> TensorParallelLayout:
+    """Apply the workload's ``plan`` (or the default plan; or ``layout``, worked out
+    already) to ``model`` on the tensor-parallel ``mesh`` with ``parallelize_module``; tied
+    parameters that the plan splits alike are tied again. Return the layout applied."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if layout is None:
+        layout = plan_layout(model, plan, sequence_parallel)
     tied = _tied(model)
     try:
         parallelize_module(model, mesh, layout.styles)

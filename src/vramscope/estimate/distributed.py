@@ -101,19 +101,20 @@ def communicators(plan: ParallelPlan) -> list[dict[str, Any]]:
     and replicate group instead; with tensor parallel, its group and the data-parallel
     group(s) of the mesh. NCCL's hold device memory outside the caching allocator (a
     constant each); gloo's none."""
+    groups = []
     if plan.pipeline:
         # the stages' sends and receives (batch_isend_irecv) over the pipeline's group
-        groups = [("pipeline", plan.pp)]
-    elif plan.cp > 1:
-        groups = [("context parallel", plan.cp)]
+        groups.append(("pipeline", plan.pp))
+    if plan.cp > 1:
+        groups.append(("context parallel", plan.cp))
     elif plan.ep > 1:
-        groups = [("expert parallel", plan.ep)]
+        groups.append(("expert parallel", plan.ep))
     elif plan.strategy == "hsdp":
-        groups = [("shard", plan.shard_group_size), ("replicate", plan.replicate_size)]
-    elif plan.tensor_parallel:
-        groups = [("data parallel", plan.dp_size)]
+        groups += [("shard", plan.shard_group_size), ("replicate", plan.replicate_size)]
+    elif plan.tensor_parallel or plan.pipeline:
+        groups.append(("data parallel", plan.dp_size))
     else:
-        groups = [("world", plan.world_size)]
+        groups.append(("world", plan.world_size))
     if plan.tensor_parallel:
         groups.append(("tensor parallel", plan.tp))
     nccl = plan.backend == "nccl"
@@ -447,18 +448,7 @@ class RankTracer:
             if not isinstance(workload, Workload):
                 return workload  # build_workload reports the wrong type
             if self.plan.pipeline:
-                from vramscope.distributed.pipeline import apply_pipeline
-
-                plan = self.plan
-                self.pipeline = apply_pipeline(
-                    workload,
-                    plan.pp,
-                    plan.pp_rank,
-                    plan.schedule,
-                    plan.microbatch_count,
-                    plan.pp_split,
-                )
-                return self.pipeline.workload
+                return self._stage(workload, device)
             if self.plan.cp > 1:
                 from vramscope.distributed.context_parallel import apply_context_parallel
 
@@ -480,13 +470,57 @@ class RankTracer:
         build.__qualname__ = getattr(builder, "__qualname__", "build")
         return build
 
+    def _stage(self, workload: Workload, device: torch.device) -> Workload:
+        """This rank's pipeline stages cut from the built workload, then tensor parallel
+        (the plan worked out on the whole model, kept to the stage's modules) and FSDP2
+        (each of the stage's blocks a group, then the stage's root) applied to them; DDP
+        later, while the trace records (:meth:`setup`)."""
+        from vramscope.distributed.pipeline import apply_pipeline
+
+        plan = self.plan
+        layout = None
+        if plan.tensor_parallel:
+            from vramscope.distributed.tensor_parallel import plan_layout
+
+            layout = plan_layout(
+                workload.model, workload.tensor_parallel_plan, plan.sequence_parallel
+            )
+        self.pipeline = apply_pipeline(
+            workload, plan.pp, plan.pp_rank, plan.schedule, plan.microbatch_count, plan.pp_split
+        )
+        stage = self.pipeline.workload
+        if not plan.sharded and not plan.tensor_parallel:
+            return stage
+        from vramscope.distributed.tensor_parallel import kept_to
+
+        self.applied = apply_plan(
+            stage,
+            plan,
+            device,
+            pin_memory=False,
+            tensor_parallel=kept_to(layout, stage.model) if layout is not None else None,
+            blocks=self.pipeline.own_blocks(),
+        )
+        self._name_groups(self.applied.workload.model)
+        # the stage's optimizer made before sharding holds the whole parameters: dropped
+        self.pipeline.workload = self.applied.workload
+        step = self.pipeline.step
+        step.workload = self.applied.workload
+        if plan.sharded:
+            step.fsdp = self.applied.workload.model
+        tp = self.applied.tensor_parallel
+        if tp is not None and tp.sequence_parallel:
+            step.sequence_shard = (plan.tp, plan.tp_rank)
+        return self.applied.workload
+
     def setup(self, workload: Workload, recorder: Recorder) -> Workload:
         """Wrap the model in DDP (and the optimizer in ZeroRedundancyOptimizer) while the
         trace records; the buckets DDP makes are labelled."""
         self.recorder = recorder
         if self.pipeline is not None:
             self.pipeline.step.workload = workload  # as the trace overrides it
-            return workload
+            if self.plan.strategy not in ("ddp", "zero1"):
+                return workload
         if self.context is not None:
             from vramscope.distributed.context_parallel import ring_attention
 
@@ -514,6 +548,10 @@ class RankTracer:
         if applied.zero is not None:
             _force_foreach(applied.zero.optim)
         self.applied = applied
+        if self.pipeline is not None:  # the stage's step runs the wrapped model
+            self.pipeline.workload = applied.workload
+            self.pipeline.step.workload = applied.workload
+            self.pipeline.step.ddp = ddp
         return applied.workload
 
     def all_reduce(self, state, bucket):  # type: ignore[no-untyped-def]
@@ -857,18 +895,25 @@ def _roles(
 def _stage_roles(plan: ParallelPlan, layout: Any) -> list[dict[str, Any]]:
     """The pipeline's ranks by stage: each stage a role (its blocks, the micro-batches its
     schedule keeps in flight), stages that hold the same and run the same order of forwards
-    and backwards sharing one (traced once)."""
+    and backwards sharing one (traced once). A stage's ranks are its data-parallel and
+    tensor-parallel ranks; the first of them is traced (data-parallel index 0, which holds
+    the largest FSDP shard's optimizer state; tensor-parallel index 0, the largest share of a
+    dimension that does not divide)."""
     from dataclasses import replace as replaced
 
-    from vramscope.distributed.pipeline import schedule_order
+    from vramscope.distributed.pipeline import schedule_order, traced_microbatches
 
     by_key: dict[Any, list[int]] = {}
     layouts = {}
+    schedule, pp, count = plan.schedule, plan.pp, plan.microbatch_count
     for stage in range(plan.pp):
         mine = replaced(
             layout,
             rank=stage,
-            order=schedule_order(plan.schedule, plan.pp, plan.microbatch_count, stage),
+            order=schedule_order(schedule, pp, count, stage),
+            traced=schedule_order(
+                schedule, pp, traced_microbatches(schedule, pp, count, stage), stage
+            ),
         )
         layouts[stage] = mine
         by_key.setdefault(mine.key(), []).append(stage)
@@ -882,8 +927,8 @@ def _stage_roles(plan: ParallelPlan, layout: Any) -> list[dict[str, Any]]:
                 "ranks": _ranges(ranks),
                 "count": len(ranks),
                 "first_rank": ranks[0],
-                "tp_ranks": None,
-                "dp_ranks": "0",
+                "tp_ranks": _ranges(list(range(plan.tp))) if plan.tensor_parallel else None,
+                "dp_ranks": _ranges(list(range(plan.dp_size))),
                 "optimizer_elements": None,
                 "tp_class": 0,
                 "trace_rank": ranks[0],
@@ -1060,6 +1105,8 @@ def _section(plan: ParallelPlan, tracer: RankTracer, trace: Trace, result: Any) 
         section["mesh"] = _mesh_dims(plan)
     if tracer.pipeline is not None:
         section["description"] = PIPELINE_DESCRIPTION
+        if plan.strategy in DESCRIPTIONS and plan.dp_size > 1:
+            section["description"] += f"; in each stage, {DESCRIPTIONS[plan.strategy]}"
         section["pipeline"] = _pipeline_section(plan, tracer.pipeline)
     if tracer.context is not None:
         section["description"] = CONTEXT_DESCRIPTION

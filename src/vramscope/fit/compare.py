@@ -199,9 +199,13 @@ def _compared(
             WITH_TENSOR_PARALLEL,
         )
 
-        # with tensor parallel, the strategies that run on its mesh (FSDP2 underneath)
+        # with tensor parallel (or an interleaved pipeline), the strategies that run on its
+        # mesh (FSDP2 underneath)
+        fsdp2_only = parallel.tensor_parallel or (
+            parallel.pipeline and parallel.schedule == "interleaved-1f1b"
+        )
         names = strategies or [
-            n for n in PARALLEL_ORDER if not parallel.tensor_parallel or n in WITH_TENSOR_PARALLEL
+            n for n in PARALLEL_ORDER if not fsdp2_only or n in WITH_TENSOR_PARALLEL
         ]
         for name in names:
             if name not in STRATEGY_NAMES:
