@@ -432,9 +432,19 @@ def main() -> int:
     import timm  # noqa: F401
     import torch
     import torchvision  # noqa: F401
-    import transformers  # noqa: F401
+    import transformers
+
+    # transformers imports lazily: its model registry (a scan of every model's package, about
+    # a second) and the modules every model's code uses would otherwise be imported again in
+    # each child, and counted in its estimate's seconds
+    import transformers.generation.utils
+    import transformers.masking_utils
+    import transformers.modeling_layers
+    import transformers.modeling_utils
+    import transformers.models.auto.modeling_auto  # noqa: F401
 
     import vramscope.estimate.estimator
+    import vramscope.hf_models
     import vramscope.workload  # noqa: F401
     import zoo_models
 

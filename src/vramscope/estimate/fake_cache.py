@@ -137,6 +137,39 @@ class _UnusualArgument(Exception):
     """An argument the fast key does not handle: torch's own method builds the key."""
 
 
+class _Sizes(tuple):  # type: ignore[type-arg]
+    """The flattened shape and strides of a tensor's key, and its memory format."""
+
+    memory_format: torch.memory_format | None
+
+
+# (shape, strides) -> their part of the key: what it holds depends on nothing else (a strided
+# tensor's suggested memory format and contiguity are functions of its shape and strides), and
+# a trace meets a few thousand of them while it builds keys for hundreds of thousands of tensors
+_SIZES: dict[tuple[Any, Any], _Sizes] = {}
+_SIZES_KEPT = 65536
+
+
+def _flatten_sizes(t: Any, shape: Any, stride: tuple[int, ...]) -> _Sizes:
+    ndim = len(shape)
+    memory_format = _suggest_memory_format(t) if ndim == 4 or ndim == 5 else torch.contiguous_format
+    if not t.is_contiguous(memory_format=memory_format):
+        memory_format = None
+    length = _LENGTHS[ndim] if ndim < 1024 else f"length_{ndim}"
+    flat: list[Any] = [torch.Size, length]
+    for d in shape:
+        flat += (int, d)
+    flat += (tuple, length)
+    for d in stride:
+        flat += (int, d)
+    sizes = _Sizes(flat)
+    sizes.memory_format = memory_format
+    if len(_SIZES) >= _SIZES_KEPT:
+        _SIZES.clear()
+    _SIZES[(tuple(shape), stride)] = sizes
+    return sizes
+
+
 def _flatten_tensor(mode: FakeTensorMode, out: list[Any], t: Any) -> None:
     """``extract_tensor_metadata(t)._flatten_into(out, ...)`` for a dense, non-symbolic fake
     tensor of ``mode``."""
@@ -149,27 +182,15 @@ def _flatten_tensor(mode: FakeTensorMode, out: list[Any], t: Any) -> None:
         raise _UnusualArgument
     shape = t.shape
     stride = t.stride()
-    ndim = len(shape)
-    memory_format = _suggest_memory_format(t) if ndim == 4 or ndim == 5 else torch.contiguous_format
-    if not t.is_contiguous(memory_format=memory_format):
-        memory_format = None
-    append = out.append
-    append(t.dtype)
-    append(torch.Size)
-    length = _LENGTHS[ndim] if ndim < 1024 else f"length_{ndim}"
-    append(length)
-    for d in shape:
-        append(int)
-        append(d)
-    append(tuple)
-    append(length)
-    for d in stride:
-        append(int)
-        append(d)
+    sizes = _SIZES.get((shape, stride))
+    if sizes is None:
+        sizes = _flatten_sizes(t, shape, stride)
+    out.append(t.dtype)
+    out += sizes
     out += (
         t.device,
         torch.strided,
-        memory_format,
+        sizes.memory_format,
         t.storage_offset(),
         t.untyped_storage().nbytes(),
         t.requires_grad,

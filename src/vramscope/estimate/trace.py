@@ -181,6 +181,16 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
         if not FAST_PATHS["key"] or self.shape_env is not None:
             return super()._cache_key(*arguments)
         state, func, args, kwargs = arguments
+        missed = getattr(self._local, "missed", None)
+        if (
+            missed is not None
+            and missed[0] is func
+            and missed[1] is args
+            and (missed[2] is kwargs or not (missed[2] or kwargs))
+        ):
+            # the key ``_cache_hit`` just built for this call and did not find
+            self._local.missed = None
+            return _DispatchCacheKey(missed[3])
         fast = _fast_cache_key(self, func, args, kwargs)
         if fast is None:
             return super()._cache_key(state, func, args, kwargs)
@@ -359,7 +369,10 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
             else:
                 out = self._cache_hit(func, args, kwargs)
                 if out is _MISS:
-                    out = super().dispatch(func, types, args, kwargs)
+                    try:
+                        out = super().dispatch(func, types, args, kwargs)
+                    finally:
+                        local.missed = None
         except DynamicOutputShapeException:
             out = self._dynamic_shape(func, types, args, kwargs)
         except UnsupportedOperatorException:
@@ -432,7 +445,11 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
             return _MISS
         key = _DispatchCacheKey(fast)
         entry = FakeTensorMode.cache.get(key)
-        if entry is None or type(entry) is not _DispatchCacheValidEntry:
+        if entry is None:
+            # torch's dispatch, next, needs this key: ``_cache_key`` takes it from here
+            self._local.missed = (func, args, kwargs, fast)
+            return _MISS
+        if type(entry) is not _DispatchCacheValidEntry:
             return _MISS
         output = self._output_from_cache_entry(
             *entry_arguments(_CacheKeyState(None), entry, key, func, args)
