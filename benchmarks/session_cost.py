@@ -8,7 +8,8 @@ blocks of ``--steps`` steps, untracked and tracked alternately, each step timed 
 synchronize. A tracked block is a fresh ``track()`` (the default detail) entered and left
 around the steps, its parts timed with ``perf_counter``: the named functions below are
 wrapped for the block, each call's inclusive time added to the part it ran in (entering,
-the first ``FIRST_STEPS`` steps, the steps after, leaving). The process's first session
+the first ``FIRST_STEPS`` steps, the steps after, leaving; a call on another thread, the
+sampler's, apart, as it is off the run's critical path). The process's first session
 (imports, NVML's start) is kept apart, timed whole. A part a tree lacks is left out for it.
 
 Printed: per tree, each part's median per session with its interquartile range over the
@@ -22,7 +23,6 @@ Usage: python benchmarks/session_cost.py [--row b1-infer-64tok] [--baseline OLD/
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib
 import json
@@ -30,12 +30,14 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+MAIN = threading.get_ident()
 FIRST_STEPS = 20
 ROWS: dict[str, dict[str, Any]] = {  # as overhead.py's
     "b64-train": {"batch_size": 64},
@@ -74,8 +76,18 @@ PARTS = [
     "vramscope.tracking.session:Session._finish_step",
     "vramscope.tracking.session:Session.on_forward_start",
     "vramscope.tracking.session:Session.on_optimizer_end",
-    "vramscope.tracking.background:Background.start",
-    "vramscope.tracking.background:Background.join",
+    "vramscope.tracking.session:Session._sample",
+    "vramscope.sources.allocator:PeakLedger.read_for_tracking",
+    "vramscope.tracking.categories:ObjectLedger.count",
+    "vramscope.tracking.trace_windows:AllocatorTrace.start",
+    "vramscope.tracking.trace_windows:AllocatorTrace.take",
+    "vramscope.tracking.attribution:Recorder._final_census",
+    "vramscope.tracking.attribution:Recorder._stop_cuda",
+    "vramscope.sources.nvml:NvmlDevice.memory",
+    "vramscope.sources.nvml:NvmlDevice.processes",
+    "vramscope.sources.nvml:_init",
+    "vramscope.journal.writer:JournalWriter._header_fields",
+    "vramscope.journal.writer:JournalWriter.flush",
 ]
 
 
@@ -112,7 +124,8 @@ class Clock:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if clock.where == "off":
                 return function(*args, **kwargs)
-            where = clock.where
+            # (another thread's call is off the run's critical path: counted apart)
+            where = clock.where if threading.get_ident() == MAIN else "other threads"
             t = time.perf_counter()
             try:
                 return function(*args, **kwargs)
@@ -204,11 +217,9 @@ def child(args: argparse.Namespace) -> None:
     for i in range(args.sessions):
         for tracked in (True, False) if i % 2 == 0 else (False, True):
             blocks.append({"tracked": tracked, **block(tracked)})
-    print(
-        json.dumps(
-            {"import_ms": import_ms, "first": first, "blocks": blocks, "device": str(device)}
-        )
-    )
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result = {"import_ms": import_ms, "first": first, "blocks": blocks, "device": name}
+    print(json.dumps({**result, "torch": torch.__version__}))
 
 
 # ---- the parent: processes, alternating trees -------------------------------------------------
@@ -287,7 +298,7 @@ def render(trees: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     for key in trees[names[0]]["figures"]:
         row = "".join(f"  {cell(trees[n]['figures'].get(key))}" for n in names)
         lines.append(f"{key:{width}s}{row}")
-    for where in ("enter", "first steps", "exit", "report"):
+    for where in ("enter", "first steps", "exit", "report", "other threads"):
         labels: list[str] = []
         for n in names:
             for label in trees[n]["parts"].get(where, {}):
@@ -321,6 +332,7 @@ def main() -> None:
     if args.baseline:
         trees = {"baseline": args.baseline, **trees}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    text = ""
     for i in range(args.processes):
         order = list(trees) if i % 2 == 0 else list(trees)[::-1]
         for name in order:
@@ -335,29 +347,30 @@ def main() -> None:
                 sys.exit(f"{name}: {done.stderr[-2000:]}")
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"  {name}: process {i + 1} of {args.processes} done", file=sys.stderr)
-    import torch
+        text = write(args, runs)  # after every round: a run cut short keeps what it has
+    print(text)
 
+
+def write(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> str:
+    first = runs["this tree"][0]
     meta = {
         "row": args.row,
-        "device": runs["this tree"][0]["device"],
-        "torch": torch.__version__,
+        "device": first["device"],
+        "torch": first["torch"],
         "date": time.strftime("%Y-%m-%d"),
-        "processes": args.processes,
+        "processes": len(runs["this tree"]),
         "sessions": args.sessions,
         "steps": args.steps,
     }
-    with contextlib.suppress(Exception):
-        if torch.cuda.is_available():
-            meta["device"] = torch.cuda.get_device_name(0)
     summary = {name: summarize(r) for name, r in runs.items()}
     text = render(summary, meta)
-    print(text)
     if args.out:
         folder = Path(args.out)
         folder.mkdir(parents=True, exist_ok=True)
         doc = {"meta": meta, "trees": summary, "runs": runs}
         (folder / f"session_cost_{args.row}.json").write_text(json.dumps(doc, indent=1))
         (folder / f"session_cost_{args.row}.txt").write_text(text + "\n")
+    return text
 
 
 if __name__ == "__main__":

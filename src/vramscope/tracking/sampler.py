@@ -102,6 +102,7 @@ class Sampler:
 
     def _loop(self) -> None:
         if self._on_start is not None:
+            time.sleep(0)  # the interpreter lock back to the thread that started this one first
             try:
                 self._on_start()
             except Exception as exc:  # never take the user's run down with us
