@@ -54,6 +54,17 @@ def _init() -> bool:
         return True
 
 
+def _new_lock_after_fork() -> None:
+    """A child forked while NVML was starting on its thread (a DataLoader worker) must not
+    inherit the lock that thread held: it starts NVML itself if it ever needs it."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 def init_soon() -> None:
     """Start NVML on a thread of its own, once per process: its start can take tens of
     milliseconds, which a run that has not made its CUDA context yet need not wait for
