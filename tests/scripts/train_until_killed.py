@@ -65,6 +65,9 @@ def die() -> None:
         print("hanging", flush=True)
         time.sleep(3600)
     elif args.die == "hang-holding-the-gil":  # native code that never lets Python run
+        # a moment with the interpreter lock free first: the timeline samples the last
+        # step's memory, written twice a second (nothing is sampled once the hang holds it)
+        time.sleep(0.8)
         print("hanging", flush=True)
         re.match(r"(a+)+$", "a" * 64 + "b")
     elif args.die == "cuda-error":  # an index out of range: a device-side assert

@@ -112,7 +112,7 @@ class JournalWriter:
 
     def _header_fields(self) -> dict[str, Any]:
         from vramscope.sources.host import host_memory
-        from vramscope.tracking.assemble import _device_info
+        from vramscope.tracking.device_info import device_info
 
         session = self._session
         wall = time.time() - (time.perf_counter() - self._t0)
@@ -129,7 +129,7 @@ class JournalWriter:
             wall0=round(wall, 6),
             name=session.name,
             workload=dict(session.workload_info),
-            device=_device_info(session),
+            device=device_info(session),
             host={"total_bytes": memory.total_bytes, "available_bytes": memory.available_bytes},
             interval_s=session._interval_s,
             fields=FIELDS,
@@ -259,14 +259,14 @@ class JournalWriter:
         if s._device_index is None:
             return
         if not self._device_written:
-            from vramscope.tracking.assemble import _device_info
+            from vramscope.tracking.device_info import device_info
 
             with contextlib.suppress(Exception):
-                self._keep(out, "device", device=_device_info(s))
+                self._keep(out, "device", device=device_info(s))
                 self._device_written = True
         with contextlib.suppress(Exception):
             from vramscope.sources import allocator
-            from vramscope.tracking.assemble import _allocator_config
+            from vramscope.tracking.device_info import allocator_config
 
             stats = allocator.raw_stats(s._device_index)
             first = s._first_reading
@@ -281,7 +281,7 @@ class JournalWriter:
                     "allocator",
                     num_ooms=counters[0],
                     num_alloc_retries=counters[1],
-                    config=_allocator_config(),
+                    config=allocator_config(),
                 )
 
     def on_exit(self) -> None:

@@ -30,6 +30,9 @@ NVML_ERRORS: tuple[type[BaseException], ...] = (
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"initialized": False, "reason": None}
+# what cannot change while the process runs: the driver's version, each device's handle
+_driver_version: list[str] = []
+_by_uuid: dict[str, NvmlDevice] = {}
 
 
 def _init() -> bool:
@@ -49,6 +52,26 @@ def _init() -> bool:
             return False
         _state["initialized"] = True
         return True
+
+
+def _new_lock_after_fork() -> None:
+    """A child forked while NVML was starting on its thread (a DataLoader worker) must not
+    inherit the lock that thread held: it starts NVML itself if it ever needs it."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+def init_soon() -> None:
+    """Start NVML on a thread of its own, once per process: its start can take tens of
+    milliseconds, which a run that has not made its CUDA context yet need not wait for
+    (whoever needs NVML first waits for it then, under the same lock)."""
+    if _state["initialized"] or _state["reason"] is not None or pynvml is None:
+        return
+    threading.Thread(target=_init, name="vramscope-nvml-init", daemon=True).start()
 
 
 def _describe(exc: BaseException) -> str:
@@ -129,12 +152,16 @@ def unavailable_reason() -> str | None:
 
 
 def driver_version() -> str | None:
+    if _driver_version:
+        return _driver_version[0]
     if not _init():
         return None
     try:
-        return _text(pynvml.nvmlSystemGetDriverVersion())
+        version = _text(pynvml.nvmlSystemGetDriverVersion())
     except pynvml.NVMLError:
         return None
+    _driver_version[:] = [version]
+    return version
 
 
 def cuda_driver_version() -> str | None:
@@ -224,8 +251,11 @@ class NvmlDevice:
                 found.setdefault(entry.pid, GpuProcess(entry.pid, used))
         return list(found.values())
 
-    def process_used_bytes(self, pid: int | None = None) -> int | None:
-        """Device memory of one process (this one by default), as nvidia-smi shows it.
+    def process_used_bytes(
+        self, pid: int | None = None, procs: list[GpuProcess] | None = None
+    ) -> int | None:
+        """Device memory of one process (this one by default), as nvidia-smi shows it;
+        ``procs``: the device's processes as just listed (else they are listed now).
 
         Inside a container NVML may list host PIDs. When exactly one process is listed,
         our PID is not among them, and that PID does not exist in our PID namespace (so it
@@ -233,7 +263,8 @@ class NvmlDevice:
         ``VRAMSCOPE_NVML_SINGLE_PROCESS=0`` to turn that off.
         """
         own = os.getpid() if pid is None else pid
-        procs = self.processes()
+        if procs is None:
+            procs = self.processes()
         for proc in procs:
             if proc.pid == own:
                 return proc.used_bytes
@@ -341,8 +372,12 @@ def device(index: int) -> NvmlDevice | None:
 
 def device_by_uuid(uuid: str) -> NvmlDevice | None:
     """The NVML device with this UUID (torch's device properties carry it)."""
+    known = _by_uuid.get(uuid)
+    if known is not None:
+        return known
     if not _init():
         return None
+    key = uuid
     if not uuid.startswith(("GPU-", "MIG-")):
         uuid = "GPU-" + uuid
     try:
@@ -353,4 +388,5 @@ def device_by_uuid(uuid: str) -> NvmlDevice | None:
         index = int(pynvml.nvmlDeviceGetIndex(handle))
     except pynvml.NVMLError:
         index = -1
-    return NvmlDevice(index, handle)
+    found = _by_uuid[key] = NvmlDevice(index, handle)
+    return found

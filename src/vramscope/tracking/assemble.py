@@ -6,7 +6,6 @@ lines, snapshot); what the peak is made of, settled once from the best evidence
 from __future__ import annotations
 
 import datetime
-import platform
 from typing import Any
 
 import torch
@@ -26,6 +25,8 @@ from vramscope.report.model import (
 )
 from vramscope.sources import host as host_source
 from vramscope.sources import nvml
+from vramscope.tracking.device_info import allocator_config as _allocator_config
+from vramscope.tracking.device_info import device_info as _device_info
 from vramscope.tracking.peak import CPU_REASON, PeakEvidence, settle_categories
 from vramscope.tracking.records import step_stats
 
@@ -248,34 +249,6 @@ def _tracking_notes(session: Session) -> list[str]:
             "last_index)"
         )
     return notes
-
-
-def _allocator_config() -> str | None:
-    import os
-
-    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-
-
-def _device_info(session: Session) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "type": session._device_type,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-    }
-    if session._device_index is None:
-        info["name"] = platform.processor() or platform.machine() or "cpu"
-        info["total_bytes"] = None
-        return info
-    props = torch.cuda.get_device_properties(session._device_index)
-    info.update(
-        name=props.name,
-        index=session._device_index,
-        total_bytes=int(props.total_memory),
-        capability=f"{props.major}.{props.minor}",
-        cuda_version=torch.version.cuda,
-        driver_version=nvml.driver_version(),
-    )
-    return info
 
 
 def _host_info() -> dict[str, Any]:

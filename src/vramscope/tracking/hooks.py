@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Iterable
@@ -80,10 +81,30 @@ def _never_compiled(function: Any) -> Any:
     object, so one call covers every closure made from the same ``def``.
     """
     with contextlib.suppress(Exception):
-        from torch._dynamo.eval_frame import skip_code
-
-        skip_code(function.__code__)
+        _skip_code(function.__code__)
     return function
+
+
+def _skip_code(code: Any) -> None:
+    """dynamo's ``skip_code``: the mark is kept by dynamo's C part, which torch loads with
+    itself; importing ``torch._dynamo`` for it would cost a process that never compiles
+    anything (an inference script) about a second at the first ``track()``."""
+    if "torch._dynamo" not in sys.modules:
+        try:
+            from torch._C._dynamo.eval_frame import (
+                _FrameAction,
+                _FrameExecStrategy,
+                set_code_exec_strategy,
+            )
+        except ImportError:
+            pass
+        else:
+            skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
+            set_code_exec_strategy(code, skip)
+            return
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(code)
 
 
 try:  # torch.compile's frame callback: set while compiled code runs its eager parts

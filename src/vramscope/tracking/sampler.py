@@ -73,7 +73,8 @@ class Sampler:
 
     ``read`` returns a sample tuple; an exception in it stops sampling and is kept in
     ``error`` (the run goes on). ``on_tick`` (optional) is called after each sample, for
-    the status file ``watch`` reads.
+    the status file ``watch`` reads. ``on_start`` (optional) runs first on the thread:
+    setting up what the samples need but the caller does not wait for (``stop()`` does).
     """
 
     def __init__(
@@ -82,12 +83,14 @@ class Sampler:
         interval_s: float = 0.1,
         capacity: int = 4096,
         on_tick: Callable[[Sample], None] | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self.interval_s = interval_s
         self.buffer = SampleBuffer(capacity=capacity)
         self.error: str | None = None
         self._read = read
         self._on_tick = on_tick
+        self._on_start = on_start
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -98,6 +101,13 @@ class Sampler:
         self._thread.start()
 
     def _loop(self) -> None:
+        if self._on_start is not None:
+            time.sleep(0)  # the interpreter lock back to the thread that started this one first
+            try:
+                self._on_start()
+            except Exception as exc:  # never take the user's run down with us
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
         # the first sample at once, unless one was just taken (the session takes its first
         # before it starts the thread): the grid starts there
         last = self._last_at

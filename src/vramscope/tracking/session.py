@@ -167,7 +167,13 @@ class Session(StepBoundaries):
         self._t0 = time.perf_counter()
         self._running = True
         LEDGER.install()
-        self._ensure_device()
+        requested = self._requested_device
+        if (
+            not self._ensure_device()
+            and (requested is None or requested.type == "cuda")
+            and torch.cuda.is_available()
+        ):
+            nvml.init_soon()  # no CUDA context yet: NVML starts meanwhile, on its own thread
         self._first_reading = None
         self._read_light(reset=True)  # the first reading
         self._first_reading_rss = self._rss_main.read()
@@ -185,26 +191,35 @@ class Session(StepBoundaries):
             self._phase_policy != "all"
         ):
             self._phase_reads = ReadSchedule(self._phase_policy)
-        if self._use_status:
-            self._status = _open_status(self)
         tick = self._tick
         if self.journal:  # written as the run goes: a report can be made if the process dies
             from vramscope.journal.writer import open_journal
 
-            if self.journal is True:  # the private directory: runs that died, pruned first
-                from vramscope.journal.leftovers import prune
-
-                with contextlib.suppress(Exception):  # (never into the user's run)
-                    prune()
             self._journal = open_journal(self, self.journal)
             if self._journal is not None:
                 tick = self._journal.ticking(tick)
         self._sampler = Sampler(
-            self._sample, interval_s=self._interval_s, capacity=self._capacity, on_tick=tick
+            self._sample,
+            interval_s=self._interval_s,
+            capacity=self._capacity,
+            on_tick=tick,
+            on_start=self._start_in_background,
         )
         self._sampler.sample_now()
         self._sampler.start()
         return self
+
+    def _start_in_background(self) -> None:
+        """What the run need not wait for, on the sampler's thread before its first tick
+        (``stop()`` joins it): the status file ``watch`` reads, and the private directory's
+        journals of runs that died, pruned (never a running process's: not this one's)."""
+        if self._use_status:
+            self._status = _open_status(self)
+        if self.journal is True:
+            from vramscope.journal.leftovers import prune
+
+            with contextlib.suppress(Exception):  # (never into the user's run)
+                prune()
 
     def stop(self) -> None:
         """Stop tracking and remove every hook; safe to call twice."""
@@ -636,10 +651,12 @@ class Session(StepBoundaries):
                 final["private_pools"] = allocator.private_pools(segments, self._device_index)
         if self._nvml_device is not None:
             with contextlib.suppress(Exception):
+                memory = self._nvml_device.memory()
+                processes = self._nvml_device.processes()  # (one listing serves both)
                 final["nvml"] = {
-                    "memory": self._nvml_device.memory(),
-                    "processes": self._nvml_device.processes(),
-                    "own_used": self._nvml_device.process_used_bytes(),
+                    "memory": memory,
+                    "processes": processes,
+                    "own_used": self._nvml_device.process_used_bytes(procs=processes),
                 }
         return final
 
