@@ -218,3 +218,24 @@ def test_a_signal_the_script_sends_itself_is_not_taken_for_one_from_outside():
     relay.got(1.5, [term])  # the user's second one
     relay.decide(1.5 + ACK_WAIT_S)
     assert sent == [term, term]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_signal_sent_again_while_its_timer_starts_is_sent_once_more():
+    """On a loaded machine the signal put off came back while the timer sending it was still
+    starting (inside vramscope's handler): it is put off once more, not raised there."""
+    import time
+
+    from vramscope.tracking.runner import StopSignals, Terminated
+
+    with StopSignals() as stops:
+        stops.arm()
+        stops._deferring = True  # as while the timer of a first deferral starts
+        stops._handle(signal.SIGTERM, None)
+        assert stops._again and stops.received is None
+        stops._deferring = False
+        stops._handle(signal.SIGTERM, _frame_inside_the_schedule())  # deferred: no raise
+        with pytest.raises(Terminated):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.001)

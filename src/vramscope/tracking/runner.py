@@ -108,6 +108,8 @@ class StopSignals:
         self.armed = False
         self.received: Terminated | None = None
         self._previous: dict[int, Any] = {}
+        self._deferring = False  # a signal is being put off (its timer starting)
+        self._again = False  # and it came back meanwhile
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -128,13 +130,25 @@ class StopSignals:
         self.armed = True
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._deferring:
+            # the signal sent again came while the timer that sends it was still starting
+            # (a loaded machine): send it once more, after that
+            self._again = True
+            return
         if self.armed and sys.platform != "win32" and _in_bookkeeping(frame):
             # stopped halfway, a hook would leave the session's records torn (a step taken
             # off as current and not yet stored): the same signal comes again in a moment,
             # when the user's code runs
-            timer = threading.Timer(DEFER_S, send_to_self, (signum,))
-            timer.daemon = True
-            timer.start()
+            self._deferring = True
+            try:
+                self._again = True
+                while self._again:
+                    self._again = False
+                    timer = threading.Timer(DEFER_S, send_to_self, (signum,))
+                    timer.daemon = True
+                    timer.start()
+            finally:
+                self._deferring = False
             return
         signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
         if self.received is None:
