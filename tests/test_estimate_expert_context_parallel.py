@@ -193,3 +193,14 @@ def test_context_parallel_that_does_not_divide_the_sequence_is_one_line_and_exit
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1
     assert "--cp 3 does not divide the sequence of 256 tokens" in lines[0]
+
+
+def test_context_parallel_chunks_too_short_for_the_attention_kernel_say_why(capsys):
+    """A 32-token sequence over 2 ranks: 8-token chunks, which torch's memory-efficient
+    attention pads to 32 (as on a GPU): one line that says so, exit 2."""
+    code, _, err = run_cli(
+        capsys, "estimate", f"{HERE / 'distributed_workloads.py'}:llama", "-b", "2", "--cp", "2"
+    )
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1
+    assert "8-token chunks" in lines[0] and "a multiple of 128" in lines[0]

@@ -49,7 +49,7 @@ import torch
 from vramscope.distributed.sharding import Applied, ParallelPlan, apply_plan
 from vramscope.errors import VramscopeError
 from vramscope.estimate.cuda_device import CUDA
-from vramscope.estimate.recorder import Recorder, Trace
+from vramscope.estimate.recorder import Recorder, Trace, TraceError
 from vramscope.report.model import Finding, Report
 from vramscope.units import format_bytes
 from vramscope.workload import Builder, Workload, WorkloadSpec
@@ -724,21 +724,43 @@ def trace_rank(
     tracer = RankTracer(plan)
     wrapped = WorkloadSpec(spec.spec, tracer.builder(spec.builder))
     with tracer.running():
-        trace = trace_workload(
-            wrapped,
-            batch_size,
-            profile,
-            precision=precision,
-            accumulate=accumulate,
-            steps=steps,
-            setup=tracer.setup,
-            # expert parallel: routing even (each expert an equal share of the tokens), the
-            # imbalance applied where the tokens are exchanged
-            variant=LIGHT if plan.ep > 1 else HEAVY,
-        )
+        try:
+            trace = trace_workload(
+                wrapped,
+                batch_size,
+                profile,
+                precision=precision,
+                accumulate=accumulate,
+                steps=steps,
+                setup=tracer.setup,
+                # expert parallel: routing even (each expert an equal share of the tokens),
+                # the imbalance applied where the tokens are exchanged
+                variant=LIGHT if plan.ep > 1 else HEAVY,
+            )
+        except TraceError as exc:
+            raise _explain_context_parallel(exc, tracer) from None
         loads = rank_loads(tracer)
     trace.communicator_bytes = sum(c["bytes"] for c in communicators(plan))
     return trace, tracer, loads
+
+
+def _explain_context_parallel(exc: TraceError, tracer: RankTracer) -> TraceError:
+    """A context-parallel trace that failed on chunks that are not a multiple of 32 tokens:
+    torch's memory-efficient attention pads its log-sum-exp to 32, which the ring attention
+    cannot merge (as on a GPU). Other errors pass unchanged."""
+    context = tracer.context
+    sequence = getattr(context, "sequence", None)
+    if context is None or not sequence:
+        return exc
+    chunks = 2 * context.cp
+    chunk = sequence // chunks
+    if chunk % 32 == 0:
+        return exc
+    return TraceError(
+        f"{exc}; with --cp {context.cp} each rank's attention runs on {chunk}-token chunks "
+        f"(the {sequence}-token sequence in {chunks}), and torch's memory-efficient attention "
+        f"needs multiples of 32 there: give a sequence that is a multiple of {32 * chunks}"
+    )
 
 
 MAX_TRACED_ROLES = 8  # roles traced for one estimate; the others are described
