@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_run import run_cli
 from vramscope import schema
-from vramscope.cli.main import main
 from vramscope.distributed.sharding import ParallelPlan
 from vramscope.estimate.distributed import _Chunks, communicators, trace_rank
 from vramscope.estimate.estimator import estimate
@@ -437,13 +437,6 @@ def test_fit_answers_the_batch_per_gpu():
 
 
 # ---- the command line ----------------------------------------------------------------------
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
 
 
 @pytest.mark.parametrize(

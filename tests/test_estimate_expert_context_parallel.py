@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_run import run_cli
 from vramscope import schema
-from vramscope.cli.main import main
 from vramscope.distributed.sharding import ParallelPlan
 from vramscope.estimate.distributed import trace_rank
 from vramscope.estimate.estimator import estimate
@@ -46,13 +46,6 @@ def all_to_all_bytes(spec: str, plan: ParallelPlan, precision: str | None = None
         for e in trace.events[last:]
         if e[0] == "alloc" and str(trace.blocks[e[1]].op).startswith("all_to_all_single")
     ]
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
 
 
 # ---- expert parallel -------------------------------------------------------------------

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_run import run_cli
 from vramscope import schema
-from vramscope.cli.main import main
 from vramscope.distributed.pipeline import most_in_flight, schedule_order, split_blocks
 from vramscope.distributed.sharding import ParallelPlan
 from vramscope.estimate.estimator import estimate
@@ -42,13 +42,6 @@ def stages(report) -> dict[str, dict]:
 
 def allocated(row: dict) -> int:
     return row["peak"]["allocated_bytes"]
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
 
 
 # ---- the order of each schedule ----------------------------------------------------------

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_run import run_cli
 from vramscope import schema
-from vramscope.cli.main import main
 from vramscope.distributed.sharding import ParallelPlan
 from vramscope.estimate.distributed import trace_rank
 from vramscope.estimate.estimator import estimate
@@ -235,13 +235,6 @@ def test_compare_side_by_side_with_tensor_parallel_keeps_fsdp2s_strategies():
     report = compare([LLAMA], 4, parallel=ParallelPlan("fsdp", 8, tp=2), parallel_each=True)
     rows = [r["name"] for r in report.extra["fit"]["strategies"]]
     assert rows == ["zero2", "hsdp (shard 2)", "fsdp"]
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
 
 
 @pytest.mark.parametrize(
