@@ -96,12 +96,12 @@ def _skip_code(code: Any) -> None:
                 _FrameExecStrategy,
                 set_code_exec_strategy,
             )
-        except ImportError:
-            pass
-        else:
+
             skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
             set_code_exec_strategy(code, skip)
             return
+        except Exception:  # a torch whose C part differs: dynamo's own function
+            pass
     from torch._dynamo.eval_frame import skip_code
 
     skip_code(code)
