@@ -359,6 +359,27 @@ def test_merge_orders_markers_by_allocator_metadata():
     assert sorted(b[2] for b in baseline) == [2048, 4096]  # freed unseen; live unseen
 
 
+def test_a_block_freed_unseen_takes_the_whole_free_block_as_the_allocator_gave_it():
+    """What an H200 run of an HF Trainer script under --detail lines showed: the trace ran
+    from the start, the model was freed at the script's end, and one 4 MiB weight had been
+    placed at the tail of a 20 MiB segment with 1 MiB left after it. The allocator does not
+    split off 1 MiB or less: the block is 5 MiB, and the peak counts 5 MiB. The free entry
+    says 4 MiB (what was asked for); the block is sized as a new one with the same
+    neighbours would be, so the replayed peak is ``max_memory_allocated`` again."""
+    mib = 1 << 20
+    seg = 1 << 40
+    trace = [
+        {"action": "alloc", "addr": seg + 4 * mib, "size": 2 * mib},
+        {"action": "free_requested", "addr": seg + 15 * mib, "size": 4 * mib},
+        {"action": "free_completed", "addr": seg + 15 * mib, "size": 4 * mib},
+    ]
+    active = [{"address": seg, "size": 4 * mib}, {"address": seg + 4 * mib, "size": 2 * mib}]
+    _, baseline, _, _ = merge_allocator_trace(trace, active, [], segment_spans=[[seg, 20 * mib]])
+    sizes = {addr - seg: size for _, addr, size in baseline}
+    # the freed weight: its whole free block; the live ones: as the snapshot states them
+    assert sizes == {15 * mib: 5 * mib, 0: 4 * mib}
+
+
 def test_overflowed_log_is_bounded_and_reported(monkeypatch):
     from vramscope.tracking import attribution
 

@@ -276,6 +276,7 @@ def merge_allocator_trace(
         if addr in live:
             final_sizes[live[addr]] = int(b["size"])  # the block's true size, from the snapshot
             continue
+        final_sizes[next_baseline] = int(b["size"])
         baseline.append([next_baseline, addr, int(b["size"])])
         next_baseline += 1
     segments = [
@@ -434,27 +435,37 @@ def allocator_block_sizes(
     spans = sorted((a, a + n) for a, n in segments or [])
     seg_starts = [a for a, _ in spans]
     seg_ends = [e for _, e in spans]
-    for b in baseline:
-        b[2] = _round(b[2])
     live_addr: dict[int, int] = {b[0]: b[1] for b in baseline}
     addrs = sorted(live_addr.values())
     changed = 0
+
+    def block_size(block: int, addr: int, size: int) -> int:
+        nonlocal changed
+        true = known.get(block)
+        if true is not None:
+            return true
+        true = _round(size)
+        if true > SMALL_SIZE:
+            i = bisect.bisect_right(addrs, addr)
+            end = addrs[i] if i < len(addrs) else None
+            j = bisect.bisect_right(seg_starts, addr) - 1
+            if j >= 0 and addr < seg_ends[j]:
+                end = seg_ends[j] if end is None else min(end, seg_ends[j])
+            if end is not None and true < end - addr <= true + SMALL_SIZE:
+                true = end - addr
+                changed += 1
+        return true
+
+    # blocks live before the trace: a freed one's size is what was asked for (the trace's
+    # entry), its block reaches as far as a new one would with the same neighbours (those
+    # live before the trace are the only ones then)
+    for b in baseline:
+        b[2] = block_size(b[0], b[1], b[2])
     for record in records:
         kind = record[0]
         if kind == ALLOC:
-            block, addr, size = record[1], record[2], record[3]
-            true = known.get(block)
-            if true is None:
-                true = _round(size)
-                if true > SMALL_SIZE:
-                    i = bisect.bisect_right(addrs, addr)
-                    end = addrs[i] if i < len(addrs) else None
-                    j = bisect.bisect_right(seg_starts, addr) - 1
-                    if j >= 0 and addr < seg_ends[j]:
-                        end = seg_ends[j] if end is None else min(end, seg_ends[j])
-                    if end is not None and true < end - addr <= true + SMALL_SIZE:
-                        true = end - addr
-                        changed += 1
+            block, addr = record[1], record[2]
+            true = block_size(block, addr, record[3])
             record[3] = true
             if block not in live_addr:
                 live_addr[block] = addr
