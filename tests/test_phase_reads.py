@@ -85,7 +85,8 @@ def test_the_read_that_closes_a_read_step_counts_as_its_cost():
 def test_all_number_force_and_again():
     assert run(ReadSchedule("all"), 40, 0.001, 0.001) == list(range(40))
     read = run(ReadSchedule(4), 40, 0.001, 0.001, force={30})
-    assert read == [*range(FIRST_STEPS), 19, 23, 27, 30, 34, 38]  # 30: a new pass
+    # every 4th after the first steps; 30: a new pass, read, and the spacing counts from it
+    assert read == [*range(FIRST_STEPS), *range(FIRST_STEPS + 3, 30, 4), 30, 34, 38]
     schedule = ReadSchedule(8)
     run(schedule, 30, 0.001, 0.0)
     schedule.again(3)

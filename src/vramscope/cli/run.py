@@ -60,7 +60,7 @@ def detail_options(func):
                 show_default=True,
                 metavar="auto|all|N",
                 help="On CUDA, the steps that read the allocator at every phase boundary. auto: "
-                "every step while the reads cost under 0.5% of a step, else the first 16 and "
+                "every step while the reads cost under 0.5% of a step, else the first 5 and "
                 "1 in N (0.1% on average); the steps between read nothing and are folded "
                 "into the read step before them, whose peak includes theirs exactly. all: "
                 "every step.",

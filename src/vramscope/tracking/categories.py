@@ -83,22 +83,49 @@ def _storage_on(tensor: torch.Tensor | None, device_type: str) -> torch.UntypedS
         return None
 
 
-def full_gradient_bytes(models: Iterable[torch.nn.Module], device_type: str) -> int:
+def model_tensors(
+    models: Iterable[torch.nn.Module],
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The models' parameters and buffers, each tensor once (tied weights), in the order
+    ``parameters()`` and ``buffers()`` give them: one walk over the modules for both."""
+    params: list[torch.Tensor] = []
+    buffers: list[torch.Tensor] = []
+    seen: set[int] = set()
+    for model in models:
+        for module in model.modules():
+            for p in module._parameters.values():
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+            for b in module._buffers.values():
+                if b is not None and id(b) not in seen:
+                    seen.add(id(b))
+                    buffers.append(b)
+    return params, buffers
+
+
+def full_gradient_bytes(
+    models: Iterable[torch.nn.Module],
+    device_type: str,
+    params: Iterable[torch.Tensor] | None = None,
+) -> int:
     """What the gradients of every trainable parameter take once all exist (each storage
     once; frozen parameters have none). Parameters that are views of one storage (FSDP1's
     original parameters in its flat parameter) count each distinct view, the storage's
-    bytes at most: one gradient buffer holds them all."""
+    bytes at most: one gradient buffer holds them all. ``params``: the models' parameters
+    when the caller has them (:func:`model_tensors`)."""
+    if params is None:
+        params = model_tensors(models)[0]
     views: dict[int, tuple[int, set[tuple[int, int]]]] = {}
-    for model in models:
-        for p in model.parameters():
-            if not p.requires_grad:
-                continue
-            storage = _storage_on(p, device_type)
-            if storage is None:
-                continue
-            local = local_tensor(p)
-            entry = views.setdefault(storage.data_ptr(), (storage.nbytes(), set()))
-            entry[1].add((local.storage_offset(), local.numel() * local.element_size()))
+    for p in params:
+        if not p.requires_grad:
+            continue
+        storage = _storage_on(p, device_type)
+        if storage is None:
+            continue
+        local = local_tensor(p)
+        entry = views.setdefault(storage.data_ptr(), (storage.nbytes(), set()))
+        entry[1].add((local.storage_offset(), local.numel() * local.element_size()))
     total = 0
     for storage_bytes, spans in views.values():
         total += block_bytes(min(storage_bytes, sum(size for _, size in spans)), device_type)
@@ -112,17 +139,20 @@ def object_tensors(
     models: Iterable[torch.nn.Module],
     optimizers: Iterable[torch.optim.Optimizer],
     what: Collection[str] = OBJECT_CATEGORIES,
+    walked: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> Iterator[tuple[torch.Tensor, str, torch.Tensor | None, str]]:
     """Every tensor the models and optimizers hold: ``(tensor, category, parameter, key)``,
     parameters first, then buffers, gradients and optimizer state (a storage belongs to the
     first category that holds it; ``what``: only these). ``parameter`` is the one a gradient
     or a state belongs to (None for buffers), ``key`` the state's name (``exp_avg``). The one
     walk over the objects: their bytes (:func:`object_categories`) and their storages by
-    address (the attribution's census) both come from it."""
+    address (the attribution's census) both come from it. ``walked``: the models'
+    :func:`model_tensors`, when the caller has them."""
     params: list[torch.Tensor] = []
-    if "parameters" in what or "gradients" in what:
-        for model in models:
-            params.extend(model.parameters())
+    buffers: list[torch.Tensor] = []
+    if {"parameters", "gradients", "buffers"} & set(what):
+        params, buffers = walked if walked is not None else model_tensors(models)
+        params = list(params)
         for opt in optimizers:
             for group in opt.param_groups:
                 params.extend(group["params"])
@@ -130,9 +160,8 @@ def object_tensors(
         for p in params:
             yield p, "parameters", p, ""
     if "buffers" in what:
-        for model in models:
-            for b in model.buffers():
-                yield b, "buffers", None, ""
+        for b in buffers:
+            yield b, "buffers", None, ""
     if "gradients" in what:
         for p in params:
             if p.grad is not None:
@@ -188,10 +217,13 @@ def _categories(
     models: Iterable[torch.nn.Module],
     optimizers: Iterable[torch.optim.Optimizer],
     storages: _Storages,
+    walked: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> ObjectCategories:
     seen: set[int] = set()
     totals = dict.fromkeys(OBJECT_CATEGORIES, 0)
-    for tensor, category, _param, _key in object_tensors(models, optimizers):
+    for tensor, category, _param, _key in object_tensors(
+        models, optimizers, OBJECT_CATEGORIES, walked
+    ):
         found = storages.of(tensor)
         if found is None or found[0] in seen:  # fake/meta tensors have no data pointer
             continue
@@ -236,12 +268,14 @@ class ObjectLedger:
     ) -> ObjectCategories:
         """Count now, keep the highest; returns what the objects hold now."""
         storages = _Storages(device_type)
-        now = _categories(models, optimizers, storages)
+        walked = model_tensors(models)
+        now = _categories(models, optimizers, storages, walked)
         seen = self.seen
         seen.parameters = max(seen.parameters, now.parameters)
         seen.buffers = max(seen.buffers, now.buffers)
         seen.gradients = max(seen.gradients, now.gradients)
-        self.full_gradients = max(self.full_gradients, full_gradient_bytes(models, device_type))
+        full = full_gradient_bytes(models, device_type, walked[0])
+        self.full_gradients = max(self.full_gradients, full)
         for opt in optimizers:
             state = _categories([], [opt], storages).optimizer_state
             if state:

@@ -22,7 +22,7 @@ until the next read, at the first boundary of the next read step, so that read r
 exact highest point of all the steps in between. The session folds those steps into the read
 step before them: the record stands for all of them, its phases keep the read step's peaks,
 and its own peak is the exact highest of all. If the steps in between went above the run's
-peak so far, every step is read again for ``FIRST_STEPS`` steps, and the report says where
+peak so far, every step is read again for ``AGAIN_STEPS`` steps, and the report says where
 the peak was. A new pass over the data (an epoch, an evaluation loop) is always read.
 """
 
@@ -34,7 +34,13 @@ from collections import deque
 
 from vramscope.tracking.marking import check_policy
 
-FIRST_STEPS = 16  # always read phase by phase: the first steps differ (optimizer state, caches)
+# always read phase by phase: the first steps differ (optimizer state, caches); the first
+# two warm up, the next ones' cost sets the spacing (each read step costs a launch-bound
+# step 3-8 % of its time, so a session's start pays them all: see docs/tracking.md)
+FIRST_STEPS = 5
+# read again after unread steps went above the run's peak: a growing step (a leak) shows
+# step by step, and a peak that comes back is caught phase by phase
+AGAIN_STEPS = 16
 COST_SHARE = 0.001  # "auto": what the reads may take of a step on average, once spaced
 EVERY_STEP_SHARE = 0.005  # "auto": up to this share, every step is read
 MAX_INTERVAL = 64
@@ -110,7 +116,7 @@ class ReadSchedule:
             self._since_read += skipped
             self._open = None  # the step before was not read: no share to take
 
-    def again(self, steps: int = FIRST_STEPS) -> None:
+    def again(self, steps: int = AGAIN_STEPS) -> None:
         """Read every step from now on for ``steps`` steps (something changed)."""
         self._again = max(self._again, steps)
         self.ahead = 0

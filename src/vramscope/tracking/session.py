@@ -205,7 +205,8 @@ class Session(StepBoundaries):
             on_tick=tick,
             on_start=self._start_in_background,
         )
-        self._sampler.sample_now()
+        # the first sample (host memory, NVML's listing) is the thread's, taken at once: the
+        # run does not wait for it (NVML's calls leave the interpreter lock to the run)
         self._sampler.start()
         return self
 
@@ -235,6 +236,7 @@ class Session(StepBoundaries):
             self._finish_step(now, light)
             if self._sampler is not None:
                 with contextlib.suppress(Exception):
+                    self._sampler.stop()  # its last sample before this one, in order
                     self._sampler.sample_now()
             self._final = self._final_readings(light[3] if light else None)
         finally:
