@@ -41,6 +41,19 @@ all-gathers (``distributed.tensor_parallel.functional_all_gathers``, the estimat
 (``--allow-cpu``) gloo runs them. The tensor-parallel cases alone:
     python benchmarks/distributed_accuracy.py --cases tp --out benchmarks/results/distributed_accuracy_tp_h200.json
 
+Staged cases (``STAGED``; ``--cases staged``): the default plan's tensor-parallel cases,
+pipeline (``example-llama-pp2-1f1b``), context parallel (``example-llama-cp2``: torch's
+``context_parallel`` on the estimate's 1-D mesh) and expert parallel (``moe-ep2``:
+``apply_expert_parallel`` on ``moe_workloads.py:moe_grouped`` over the real group). Their
+ranks load ``staged_gloo.py``: the ops gloo has no CUDA path for (point to point, the
+functional collectives) and FSDP2's tensor collectives run on CPU copies, the results
+copied into the device tensors, which are so those of the job over NCCL (see that module's
+docstring): they are estimated for nccl, device used less the estimate's NCCL buffers.
+Each rank records the ops it staged (``staged_calls``). On the CPU, ``--allow-cpu
+--stage-cpu`` stages CPU tensors too (``VRAMSCOPE_STAGE_CPU=1``), and the context-parallel
+rank gets CPU attention kernels torch's ring can call (``cpu_attention.py``):
+    python benchmarks/distributed_accuracy.py --allow-cpu --stage-cpu --cases staged --steps 1 --out /tmp/staged.json
+
 Targets (issue 15, issue 33): per rank, allocated within 3 %, reserved within 5 %.
 ``--cases`` picks cases by name (see CASES); ``hf:`` cases need transformers. The results
 are written after every case (``"complete": false`` until the last), so a run cut short
@@ -81,6 +94,7 @@ ROOT = HERE.parent
 TARGET_ALLOCATED_PCT, TARGET_RESERVED_PCT = 3.0, 5.0
 WORLD = 2  # ranks of a data-parallel case (a tensor-parallel one: tp, or tp × 2)
 TP_WORKLOADS = f"{HERE / 'tp_workloads.py'}"
+MOE_WORKLOADS = f"{HERE / 'moe_workloads.py'}"
 BACKEND = "gloo"  # the measured job's, and so the estimate's
 SHARDED = ("fsdp", "hsdp", "zero2")
 
@@ -119,7 +133,28 @@ CASES: dict[str, tuple[str, int, str, str, dict]] = {
     "example-llama-tp2-fsdp2": ("example:llama", 16, "32-true", "fsdp", {"tp": 2}),
     # pipeline parallel: 2 stages, 1F1B, 4 micro-batches of the batch size each
     "example-llama-pp2-1f1b": ("example:llama", 8, "32-true", "none", {"pp": 2, "microbatches": 4}),
+    # context parallel: each of 2 ranks 128 of the 256 tokens (torch's head-tail halves)
+    "example-llama-cp2": ("example:llama", 16, "32-true", "none", {"cp": 2}),
+    # expert parallel: each of 2 ranks 4 of every layer's 8 experts, routing even
+    "moe-ep2": (
+        f"{MOE_WORKLOADS}:moe_grouped",
+        8,
+        "32-true",
+        "none",
+        {"ep": 2, "ep_imbalance": 1.0},
+    ),
 }
+# measured through benchmarks/staged_gloo.py (the job's collectives and point-to-point ops on
+# device tensors carried over gloo through CPU copies: what gloo has no CUDA path for), and
+# so estimated for nccl, device used less the estimate's NCCL buffers
+STAGED = (
+    "example-llama-tp2",
+    "example-llama-tp2-no-sp",
+    "example-llama-tp2-fsdp2",
+    "example-llama-pp2-1f1b",
+    "example-llama-cp2",
+    "moe-ep2",
+)
 TARGET_CASES = (
     "example-gpt-ddp",
     "example-gpt-fsdp",
@@ -128,13 +163,20 @@ TARGET_CASES = (
     "llama-tp2-own-plan",
     "llama-tp2-fsdp2-own-plan",
 )
-# --cases tp: the tensor-parallel cases
-GROUPS = {"tp": tuple(name for name, case in CASES.items() if case[4].get("tp", 1) > 1)}
+# --cases tp: the tensor-parallel cases; --cases staged: those measured through the staging
+GROUPS = {
+    "tp": tuple(name for name, case in CASES.items() if case[4].get("tp", 1) > 1),
+    "staged": STAGED,
+}
 
 
 def world_of(case: tuple) -> int:
-    """The case's ranks: 2 for data parallel; tp, or tp × 2 with a data-parallel strategy."""
+    """The case's ranks: 2 for data parallel; tp, or tp × 2 with a data-parallel strategy;
+    pp × tp; cp; ep."""
     tp = case[4].get("tp", 1)
+    for alone in ("cp", "ep"):  # estimated alone: every rank in the one group
+        if case[4].get(alone, 1) > 1:
+            return case[4][alone]
     if case[4].get("pp", 1) > 1:
         return case[4]["pp"] * tp  # one rank per stage
     if tp == 1:
@@ -155,6 +197,11 @@ def rank_job(args: argparse.Namespace) -> int:
     from vramscope.workload import StepRunner, resolve
 
     dist.init_process_group(BACKEND)
+    if args.staged:  # before the parallel code makes its ops
+        sys.path.insert(0, str(HERE))
+        import staged_gloo
+
+        staged_gloo.install()
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.device == "cuda":
         device = torch.device("cuda", 0)
@@ -168,16 +215,33 @@ def rank_job(args: argparse.Namespace) -> int:
     workload = workload.with_overrides(precision=args.precision)
     if plan.pipeline:
         return pipeline_rank_job(args, plan, workload, device)
-    applied = apply_plan(workload, plan, device)
-    # the workload as built keeps its optimizer, over the parameters before sharding: kept,
-    # a sharded job holds the whole model on the device besides its shards
-    workload = applied.workload
-    if (plan.sharded or plan.tensor_parallel) and device.type == "cuda":
-        torch.cuda.empty_cache()  # the whole model built before sharding: released
-    runner = StepRunner(applied.workload, device)
+    after_step = None
+    if plan.cp > 1:
+        workload, after_step = context_parallel_workload(workload, plan.cp, device)
+    elif plan.ep > 1:
+        from vramscope.distributed.expert_parallel import apply_expert_parallel
+
+        # the estimate's own expert-parallel layers, exchanging over the real group
+        workload = apply_expert_parallel(
+            workload, plan.ep, plan.ep_rank, plan.imbalance, device
+        ).workload
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the other ranks' experts, built here and dropped
+    else:
+        applied = apply_plan(workload, plan, device)
+        # the workload as built keeps its optimizer, over the parameters before sharding:
+        # kept, a sharded job holds the whole model on the device besides its shards
+        workload = applied.workload
+        if (plan.sharded or plan.tensor_parallel) and device.type == "cuda":
+            torch.cuda.empty_cache()  # the whole model built before sharding: released
+    runner = StepRunner(workload, device)
     for _ in range(args.steps):
         runner()
+        if after_step is not None:
+            after_step()
     own = {"rank": rank, "world_size": world}
+    if args.staged:
+        own["staged_calls"] = dict(sys.modules["staged_gloo"].COUNTS)
     if device.type == "cuda":
         torch.cuda.synchronize()
         own["max_memory_allocated"] = torch.cuda.max_memory_allocated()
@@ -186,6 +250,42 @@ def rank_job(args: argparse.Namespace) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def context_parallel_workload(workload, cp: int, device):
+    """``workload`` as a context-parallel training script runs it with torch's own
+    ``context_parallel`` on a 1-D mesh of the ``cp`` ranks (the estimate's mesh): each
+    micro-batch's token ids and targets are its ``buffers``, cut in place along the sequence
+    (torch's head-tail load balancing), and scaled-dot-product attention is ring attention
+    while the step runs (forward, backward and optimizer step inside the context; left after
+    it, by the returned ``after_step``). The batch's two tensors are views of one: each is
+    cloned first, as the in-place cut needs tensors of their own (a few KiB)."""
+    import contextlib
+    from dataclasses import replace
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    if device.type == "cpu":  # the plumbing alone: ring attention on the CPU
+        sys.path.insert(0, str(HERE))
+        import cpu_attention
+
+        cpu_attention.install()
+    mesh = init_device_mesh(device.type, (cp,), mesh_dim_names=("cp",))
+    inside = contextlib.ExitStack()
+    make = workload.batch
+
+    def batch():
+        idx, target = (t.clone() for t in make())
+        buffers = [idx, target]
+        inside.enter_context(
+            context_parallel(
+                mesh, buffers=buffers, buffer_seq_dims=[1, 1], no_restore_buffers=set(buffers)
+            )
+        )
+        return idx, target
+
+    return replace(workload, batch=batch), inside.close
 
 
 def pipeline_rank_job(args: argparse.Namespace, plan, workload, device) -> int:
@@ -235,6 +335,8 @@ def pipeline_rank_job(args: argparse.Namespace, plan, workload, device) -> int:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     own = {"rank": rank, "world_size": plan.world_size}
+    if args.staged:
+        own["staged_calls"] = dict(sys.modules["staged_gloo"].COUNTS)
     if device.type == "cuda":
         torch.cuda.synchronize()
         own["max_memory_allocated"] = torch.cuda.max_memory_allocated()
@@ -281,6 +383,8 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
         "--device",
         device,
     ]
+    if name in STAGED:
+        cmd.append("--staged")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
     # this checkout's vramscope first, and whatever else the caller's path holds after it
     # (packages installed beside the interpreter's, vramscope's own dependencies among them)
@@ -305,20 +409,17 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
             "own_max_memory_allocated": own.get("max_memory_allocated"),
             "own_max_memory_reserved": own.get("max_memory_reserved"),
         }
+        if "staged_calls" in own:  # the ops the staging carried, by name
+            ranks[r]["staged_calls"] = own["staged_calls"]
     return {"ranks": ranks, "seconds": round(time.perf_counter() - started, 1)}
 
 
 ERROR_CHARS = 400  # a failed job's error, as the results keep it
+# a case not staged whose plan all-gathers with torch's functional collectives
 GLOO_CUDA_SKIP = (
     "not measured on CUDA over gloo: its plan all-gathers with torch's functional "
     "collectives (DTensor Shard to Replicate), for which gloo has no CUDA path (the rank "
-    "dies of SIGSEGV); the estimate warns of it (gloo_cuda_all_gather)"
-)
-GLOO_CUDA_P2P_SKIP = (
-    "not measured on CUDA over gloo: a pipeline's stages send and receive CUDA tensors, "
-    "for which gloo has no path (torch 2.11 on an H200: isend fails with 'writev: Bad "
-    "address' and the rank aborts; results/distributed_accuracy_pp_h200.json); it needs "
-    "two GPUs over NCCL"
+    "dies of SIGSEGV); the estimate warns of it (gloo_cuda_all_gather); add it to STAGED"
 )
 # a rank's exception that only says another rank went away first
 _SECONDARY = (
@@ -431,10 +532,11 @@ def unpathed(text: str, workdir: Path) -> str:
     return re.sub(r"(?<![\w.])/[^\s\":]*/lib/python3[.\d]*/", "", text)
 
 
-def estimate_ranks(case: tuple, gpu: str) -> dict:
-    """Each rank's estimate of the case's job, over gloo as it is measured: the estimate
-    traces a rank of each role and each rank takes its role's peaks (a rank whose role was
-    not traced is estimated as itself)."""
+def estimate_ranks(case: tuple, gpu: str, backend: str = BACKEND) -> dict:
+    """Each rank's estimate of the case's job, over gloo as it is measured (over nccl for a
+    staged case, whose device tensors are those of a job over NCCL): the estimate traces a
+    rank of each role and each rank takes its role's peaks (a rank whose role was not
+    traced is estimated as itself)."""
     from vramscope.distributed.sharding import ParallelPlan
     from vramscope.estimate.estimator import estimate
 
@@ -446,7 +548,7 @@ def estimate_ranks(case: tuple, gpu: str) -> dict:
     for rank in range(world):
         if rank in ranks:
             continue
-        plan = ParallelPlan(strategy, world, rank=rank, backend=BACKEND, **settings)
+        plan = ParallelPlan(strategy, world, rank=rank, backend=backend, **settings)
         report = estimate(spec, batch, gpu=gpu, precision=precision, parallel=plan)
         job = report.extra["distributed"]
         seconds.append(report.extra["estimate"]["seconds"])
@@ -533,10 +635,13 @@ def compare_case(
     for rank in range(world_of(CASES[name])):
         m = measured["ranks"].get(rank) or measured["ranks"].get(str(rank))
         e = estimated["ranks"][rank]
+        used = e["device_used_bytes"]
+        if name in STAGED and used is not None:
+            used -= e.get("nccl_bytes") or 0  # estimated over nccl; the job has no NCCL
         errs = {
             "allocated": error_pct(e["allocated_bytes"], m["allocated_bytes"]),
             "reserved": error_pct(e["reserved_bytes"], m["reserved_bytes"]),
-            "device_used": error_pct(e["device_used_bytes"], m.get("device_used_bytes")),
+            "device_used": error_pct(used, m.get("device_used_bytes")),
         }
         if held:
             errs["allocated_without_held"] = error_pct(
@@ -564,6 +669,8 @@ def compare_case(
         "strategy": strategy,
         "settings": settings,
         "backend": BACKEND,
+        "staged": name in STAGED,
+        "estimate_backend": estimate_backend(name),
         "world_size": world_of(CASES[name]),
         "target_case": name in TARGET_CASES,
         "ranks": rows,
@@ -573,6 +680,12 @@ def compare_case(
     if held:
         done["held_built_parameter_bytes"] = held
     return done
+
+
+def estimate_backend(name: str) -> str:
+    """The backend a case is estimated for: nccl for a staged case (its device tensors are
+    those of the job over NCCL), gloo otherwise (gloo's own CUDA paths, as measured)."""
+    return "nccl" if name in STAGED else BACKEND
 
 
 def _pct(value: float | None) -> str:
@@ -588,6 +701,13 @@ def footer(cases: list[dict], held: bool) -> None:
         "used err: device used; both ranks' CUDA contexts share the GPU, and a job over gloo "
         "has no NCCL buffers"
     )
+    if any(c.get("staged") for c in cases):
+        say(
+            f"staged ({', '.join(c['case'] for c in cases if c.get('staged'))}): collectives "
+            "and point-to-point ops on device tensors carried over gloo through CPU copies "
+            "(benchmarks/staged_gloo.py), estimated for nccl; used err less the estimate's "
+            "NCCL buffers"
+        )
     if held:
         say(
             "alloc err+: against measured allocated less the parameters as built, which these "
@@ -611,6 +731,8 @@ def compare_main(args: argparse.Namespace) -> int:
     if device == "cpu" and not args.allow_cpu:
         print("this benchmark measures on a CUDA GPU; none here", file=sys.stderr)
         return 2
+    if args.stage_cpu:
+        os.environ["VRAMSCOPE_STAGE_CPU"] = "1"  # the jobs' ranks inherit it
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="vramscope-dist-accuracy-"))
     device_name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     header(device_name, args.steps, args.gpu)
@@ -624,12 +746,8 @@ def compare_main(args: argparse.Namespace) -> int:
             cases.append({"case": name, "skipped": "needs transformers"})
             say(f"{name:24s} skipped (needs transformers)")
             continue
-        estimated = estimate_ranks(case, args.gpu)
-        if device == "cuda" and case[4].get("pp", 1) > 1 and not args.force_p2p:
-            cases.append({"case": name, "skipped": GLOO_CUDA_P2P_SKIP})
-            say(f"{name:24s} skipped: {GLOO_CUDA_P2P_SKIP}")
-            continue
-        if device == "cuda" and estimated["functional_all_gathers"]:
+        estimated = estimate_ranks(case, args.gpu, estimate_backend(name))
+        if device == "cuda" and name not in STAGED and estimated["functional_all_gathers"]:
             # the job would die of SIGSEGV (the estimate's gloo_cuda_all_gather warning)
             cases.append({"case": name, "skipped": GLOO_CUDA_SKIP})
             say(f"{name:24s} skipped: {GLOO_CUDA_SKIP}")
@@ -680,7 +798,7 @@ def recompute_main(args: argparse.Namespace) -> int:
             return 2
         measured = {"ranks": {r["rank"]: r["measured"] for r in old["ranks"]}}
         held = built_parameter_bytes(case[0]) if held_any and case[3] in SHARDED else 0
-        estimated = estimate_ranks(case, args.gpu)
+        estimated = estimate_ranks(case, args.gpu, estimate_backend(name))
         cases.append(compare_case(name, measured, estimated, held, old.get("measure_seconds")))
     footer(cases, held=held_any and any(c.get("held_built_parameter_bytes") for c in cases))
     meta = {
@@ -730,6 +848,8 @@ def run_meta(args: argparse.Namespace, device: str) -> dict:
         "estimate_backend": BACKEND,
         "steps": args.steps,
         "built_workload_dropped": True,
+        "staged_cases": list(STAGED),
+        "staged_cpu": bool(args.stage_cpu),
     }
 
 
@@ -787,10 +907,12 @@ def main() -> int:
         metavar="FILE",
         help="estimate again, without a GPU, against the measurements recorded in FILE",
     )
+    parser.add_argument("--staged", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
-        "--force-p2p",
+        "--stage-cpu",
         action="store_true",
-        help="measure pipeline cases on CUDA over gloo all the same (their ranks abort there)",
+        help="with --allow-cpu: the staged cases' CPU tensors go through the staging too "
+        "(VRAMSCOPE_STAGE_CPU=1), each through a clone, so its whole path runs",
     )
     parser.add_argument("--out", default=str(HERE / "results" / "distributed_accuracy_h200.json"))
     args = parser.parse_args()
