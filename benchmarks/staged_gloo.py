@@ -340,7 +340,8 @@ class Received(dist.Work):
     def wait(self, timeout: Any = None) -> bool:
         if self._buffer is not None:
             self._work.wait()
-            self._tensor.copy_(self._buffer)
+            with torch.no_grad():  # a transport's write, as NCCL's: not autograd's
+                self._tensor.copy_(self._buffer)
             self._buffer = None
         return True
 
@@ -392,7 +393,8 @@ def _recv(arguments: dict, original: Callable[..., Any]) -> Any:
     tensor = arguments["tensor"]
     buffer = cpu_like(tensor)
     source = original(**{**arguments, "tensor": buffer})
-    tensor.copy_(buffer)
+    with torch.no_grad():
+        tensor.copy_(buffer)
     return source
 
 
@@ -413,7 +415,8 @@ def _collective(output: str | None, inputs: tuple[str, ...]) -> Callable[..., An
             call["async_op"] = False
         original(**call)
         if out_key is not None:
-            arguments[out_key].copy_(copies[out_key])
+            with torch.no_grad():
+                arguments[out_key].copy_(copies[out_key])
         return Done() if asynchronous else None
 
     return stage

@@ -36,14 +36,16 @@ def _rank(rank: int, world: int, port: int, results: dict) -> None:
 
     # point to point, as a pipeline's stages call them (P2POp, batch_isend_irecv)
     send = torch.full((3,), float(rank + 1))
-    received = torch.zeros(3)
+    # a pipeline stage's receive buffer is a leaf that requires grad: the transport writes
+    # into it as NCCL would, outside autograd
+    received = torch.zeros(3, requires_grad=True)
     ops = [dist.P2POp(dist.isend, send, other), dist.P2POp(dist.irecv, received, other)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    got["p2p"] = received.tolist()
+    got["p2p"] = received.detach().tolist()
     work = dist.isend(send * 10, other) if rank == 0 else dist.irecv(received, other)
     work.wait()
-    got["isend"] = received.tolist()
+    got["isend"] = received.detach().tolist()
 
     # functional collectives (the _c10d_functional kernels)
     shard = torch.arange(2.0) + 10 * rank
