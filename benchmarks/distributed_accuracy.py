@@ -214,7 +214,11 @@ def rank_job(args: argparse.Namespace) -> int:
     workload = resolve(args.workload).build(args.batch_size, device)
     workload = workload.with_overrides(precision=args.precision)
     if plan.pipeline:
-        return pipeline_rank_job(args, plan, workload, device)
+        # handed over in a holder, so that no frame of this function keeps the whole model
+        # alive while the stage runs (a stage holds only its own modules, as in a real job)
+        holder = [workload]
+        del workload
+        return pipeline_rank_job(args, plan, holder, device)
     after_step = None
     if plan.cp > 1:
         workload, after_step = context_parallel_workload(workload, plan.cp, device)
@@ -288,7 +292,7 @@ def context_parallel_workload(workload, cp: int, device):
     return replace(workload, batch=batch), inside.close
 
 
-def pipeline_rank_job(args: argparse.Namespace, plan, workload, device) -> int:
+def pipeline_rank_job(args: argparse.Namespace, plan, holder: list, device) -> int:
     """One stage of a pipeline job, as a training script writes it with torch's own
     ``PipelineStage`` and schedule: the model cut where the estimate cuts it (the modules
     before the blocks, the stage's blocks, the modules after them, called in that order:
@@ -301,6 +305,7 @@ def pipeline_rank_job(args: argparse.Namespace, plan, workload, device) -> int:
     from vramscope.distributed.pipeline import plan_layout
 
     rank = plan.rank
+    workload = holder.pop()
     model = workload.model
     layout = plan_layout(model, plan.pp, rank, plan.schedule, plan.microbatch_count)
     span = layout.blocks[rank]
