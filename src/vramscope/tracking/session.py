@@ -176,7 +176,9 @@ class Session(StepBoundaries):
             nvml.init_soon()  # no CUDA context yet: NVML starts meanwhile, on its own thread
         self._first_reading = None
         self._read_light(reset=True)  # the first reading
-        self._first_reading_rss = self._rss_main.read()
+        # the host memory at the start: the sampler's first sample, taken at once on its
+        # thread (listing the process tree takes a fraction of a millisecond)
+        self._first_reading_rss = None
         if self._use_hooks:
             self._hooks = GlobalHooks(self)
             self._hooks.install()
@@ -237,7 +239,7 @@ class Session(StepBoundaries):
             if self._sampler is not None:
                 with contextlib.suppress(Exception):
                     self._sampler.stop()  # its last sample before this one, in order
-                    self._sampler.sample_now()
+                    self._sampler.sample_now()  # (the first, if the thread took none)
             self._final = self._final_readings(light[3] if light else None)
         finally:
             if self._attribution is not None:  # attribution: remove its hooks first
@@ -416,7 +418,10 @@ class Session(StepBoundaries):
                         self._context_bytes = used - reserved
                 elif self._context_bytes is not None:
                     used = reserved + self._context_bytes
-        return (t - self._t0, allocated, reserved, used, self._rss_sampler.read())
+        rss = self._rss_sampler.read()
+        if self._first_reading_rss is None:
+            self._first_reading_rss = rss
+        return (t - self._t0, allocated, reserved, used, rss)
 
     def _tick(self, sample: Sample) -> None:
         schedule = self._phase_reads
