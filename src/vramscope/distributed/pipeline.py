@@ -30,6 +30,8 @@ stage runs here as torch's ``PipelineStage`` runs it, keeping what it keeps
   (``_setup_backward_recv_info``), on every stage but the last;
 * each micro-batch's forward graph from its forward to its backward (``fwd_cache``): its
   activations, and its output, which is sent from where it is (a detached view: no copy);
+  on the last stage the output (the logits) beside the loss computed from it, until the
+  micro-batch's backward is done (``backward_one_chunk`` pops it first);
 * the gradient of each received activation, which ``torch.autograd.backward`` accumulates
   into the receive buffer's ``.grad`` and which is sent from there; it stays until the next
   step begins (``clear_runtime_states``);
@@ -579,6 +581,9 @@ class PipelineStep:
         self.active: int | None = None  # the stage whose forward runs
         self.microbatch = 0
         self.output: Any = None
+        # the last stage's output of each micro-batch, kept from its forward until its
+        # backward is done (torch's ``fwd_cache``: ``backward_one_chunk`` pops it first)
+        self.last_outputs: dict[tuple[int, int], Any] = {}
         self.recv: dict[int, list[torch.Tensor]] = {}  # stage -> activations received
         self.grad_recv: dict[int, list[torch.Tensor]] = {}  # stage -> gradients received
         self.recorder: Any = None
@@ -706,14 +711,25 @@ class PipelineStep:
         first, last = self.layout.first(stage), self.layout.last(stage)
         if not first and self.recorder is not None:
             self.recorder.paused += 1  # the earlier stages' work, until the stage's first block
+        outputs: list[Any] = []
+        handle = (
+            w.model.register_forward_hook(lambda _m, _a, out: outputs.append(out))
+            if last
+            else None
+        )
         try:
             with self._runner._context():
                 loss = w.loss(w.model, *args, **kwargs)
         finally:
+            if handle is not None:
+                handle.remove()
             if not last and self.recorder is not None:
                 self.recorder.paused -= 1
             self.active = None
         if last:
+            # the stage's output (the logits) stays in torch's fwd_cache beside the loss
+            # computed from it, until the micro-batch's backward has run
+            self.last_outputs[(stage, microbatch)] = outputs[-1] if outputs else None
             if self._runner.scaler is not None:
                 loss = self._runner.scaler.scale(loss)
             return loss
@@ -764,7 +780,9 @@ class PipelineStep:
             out = cache.pop(key)
             self._backward(out, action, last=last_backward[action.stage] == i)
             del out
+            self.last_outputs.pop(key, None)
         cache.clear()
+        self.last_outputs.clear()
         self._reduce_grads()
         for p in w.model.parameters():  # scale_grads: the losses of all micro-batches summed
             if p.grad is not None:
