@@ -713,9 +713,7 @@ class PipelineStep:
             self.recorder.paused += 1  # the earlier stages' work, until the stage's first block
         outputs: list[Any] = []
         handle = (
-            w.model.register_forward_hook(lambda _m, _a, out: outputs.append(out))
-            if last
-            else None
+            w.model.register_forward_hook(lambda _m, _a, out: outputs.append(out)) if last else None
         )
         try:
             with self._runner._context():
