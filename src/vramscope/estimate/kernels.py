@@ -834,6 +834,8 @@ def _conv_transform_bytes(
     positions = math.prod(int(n) for n in x.shape[2:])
     pointwise = kh == kw == 1 and all(int(s) == 1 for s in stride)
     if pointwise and positions >= gemm_from:
+        if swept and forward and _wide_pointwise_fp32(x, w):
+            return _storage_bytes(x) + _storage_bytes(out) + _CUDNN_SLACK
         return 0  # run as a GEMM over the channels, in place
     if channels <= 4:
         if kh <= 3 and kw <= 3:
@@ -852,6 +854,27 @@ def _conv_transform_bytes(
         if by_batch is not None:
             return by_batch
     return _transform_operands(x, w, out, kh, kw, channels, positions, forward) + _CUDNN_SLACK
+
+
+# a float32 1x1 stride-1 forward from at least 1,024 to at least 2,048 channels over more
+# than this many batch × positions takes an NCHW-to-NHWC engine (see _wide_pointwise_fp32)
+_WIDE_POINTWISE_ROWS = 4096
+
+
+def _wide_pointwise_fp32(x: Any, w: Any) -> bool:
+    """Whether a 1x1 stride-1 forward, otherwise a GEMM without workspace, takes cuDNN's
+    engine that transposes the input and the output: recorded on an H200 (cuDNN 9.19,
+    ``tests/gpu/record_workspace_sweep_2.py``) over 505 such forwards of 64 to 2,048
+    channels and 14x14 to 64x64 positions. Every float32 one from 1,024 or more to 2,048
+    channels over more than 4,096 batch × positions took input + output (13 of 13, within
+    8 %: a dilated ResNet's last stage, FCN's and DeepLab's, keeps 60x60 there; at 4,096
+    and below none); of the other 492, 445 took none and the rest under 60 MiB (input +
+    output of a few layers narrowing 2,048 channels to 64 or 128, and of small bfloat16
+    ones: not modelled). The test: ``tests/test_pointwise_workspace_sweep.py``."""
+    if x.dtype != torch.float32 or x.dim() != 4:
+        return False
+    rows = int(x.shape[0]) * int(x.shape[2]) * int(x.shape[3])
+    return int(w.shape[1]) >= 1024 and int(w.shape[0]) >= 2048 and rows > _WIDE_POINTWISE_ROWS
 
 
 def _transposed_conv_bytes(x: Any, out: Any, forward: bool, gradient: str | None) -> int:
