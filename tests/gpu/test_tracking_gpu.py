@@ -233,8 +233,10 @@ def test_run_script_reports_phases_steps_epochs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert len(report["epochs"]) == 2
+    # 8 training steps, short ones: the first read phase by phase, the rest folded into
+    # entries that stand for several (count)
     train = [s for s in report["steps"] if s["mode"] == "train"]
-    assert len(train) == 8
+    assert sum(s.get("count", 1) for s in train) == 8
     assert report["peak"]["allocated_bytes"] > 0
     assert report["peak"]["device_used_bytes"] > report["peak"]["reserved_bytes"]
 
