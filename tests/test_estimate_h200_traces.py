@@ -143,6 +143,37 @@ def test_silu_backward_runs_as_one_kernel_on_the_emulated_gpu():
     assert "sigmoid.default" not in ops
 
 
+def test_rms_norm_runs_as_one_kernel_on_the_emulated_gpu():
+    """torch's RMSNorm calls ``_fused_rms_norm``, which a CUDA build runs as one kernel
+    (its output and the float32 reciprocal RMS) and a CPU-only build as its formula (pow,
+    mean, rsqrt and two muls: one more activation of the input's size kept for backward):
+    the estimate of a CPU-only torch must see the GPU's kernel, forward and backward."""
+    import vramscope
+    from vramscope.estimate import trace as tracing
+    from vramscope.estimate.profiles import get_profile
+    from vramscope.workload import resolve
+
+    if not hasattr(torch.ops.aten, "_fused_rms_norm"):
+        pytest.skip("this torch has no _fused_rms_norm")
+
+    def build(batch_size: int, device: torch.device) -> vramscope.Workload:
+        m = torch.nn.Sequential(
+            torch.nn.Linear(64, 64), torch.nn.RMSNorm(64), torch.nn.Linear(64, 1)
+        ).to(device)
+        return vramscope.Workload(
+            model=m,
+            optimizer=torch.optim.SGD(m.parameters()),
+            batch=lambda: torch.randn(batch_size, 64, device=device),
+            loss=lambda model, x: model(x).sum(),
+        )
+
+    trace = tracing.trace_workload(resolve(build), 32, get_profile("h200"), steps=1)
+    ops = {b.op for b in trace.blocks.values()}
+    assert "_fused_rms_norm.default" in ops
+    assert "_fused_rms_norm_backward.default" in ops
+    assert "rsqrt.default" not in ops and "pow.Tensor_Scalar" not in ops
+
+
 def test_reduction_staging_buffers_follow_reduce_config():
     """Every recorded CUDA sum: what it allocated besides its output (the float32 staging
     buffer and semaphores of a reduction split over several blocks) is what the model of
