@@ -31,10 +31,15 @@ stage runs here as torch's ``PipelineStage`` runs it, keeping what it keeps
 * each micro-batch's forward graph from its forward to its backward (``fwd_cache``): its
   activations, and its output, which is sent from where it is (a detached view: no copy);
   on the last stage the output (the logits) beside the loss computed from it, until the
-  micro-batch's backward is done (``backward_one_chunk`` pops it first);
+  micro-batch's backward is done (``backward_one_chunk`` pops it first); GPipe's and 1F1B's
+  step also hold their last forward's output in a local variable until the next forward
+  returns (the end of the step for the last one);
 * the gradient of each received activation, which ``torch.autograd.backward`` accumulates
-  into the receive buffer's ``.grad`` and which is sent from there; it stays until the next
-  step begins (``clear_runtime_states``);
+  into the receive buffer's ``.grad``; ``stage_backward`` takes it from there (``.grad =
+  None``) and it lives on only in what sends it back: 1F1B's step holds its send ops until
+  the next backward's are made, so it goes after the stage's next backward (the last one
+  at the step's end); GPipe and the interleaved runtime keep every send's work until the
+  step's end and wait for them all there (torch 2.11 and 2.13 alike);
 * the gradients scaled by the micro-batch count after the last backward
   (``scale_grads``, in place), then the optimizer step.
 
@@ -53,11 +58,10 @@ group's ``post_backward`` reduce-scatters and reshards. With sequence parallel a
 receives and sends its share of the sequence.
 
 1F1B's rounds after the first are not traced: after its warm-up a stage holds the same
-micro-batches in flight at each backward, so its warm-up and one backward-forward pair
-(``pp - s + 1`` micro-batches on stage ``s``, :func:`traced_microbatches`) hold what a step
-of more holds; the receive buffers are made for every micro-batch, as torch makes them,
-and the gradients of the received activations of the micro-batches not traced (each kept
-until the next step) are made before the traced pair.
+micro-batches in flight at each backward, and the previous micro-batch's gradient being
+sent, so its warm-up and one backward-forward pair (``pp - s + 1`` micro-batches on stage
+``s``, :func:`traced_microbatches`) hold what a step of more holds; the receive buffers are
+made for every micro-batch, as torch makes them.
 
 A stage runs the model's own forward (the workload's loss function, called on the model):
 what comes before the stage's first block (the embedding, the masks and rotary tables of
@@ -658,24 +662,23 @@ class PipelineStep:
 
         return hook
 
-    def _untraced_grads(self) -> None:
-        """The gradients of the received activations of the micro-batches the trace does not
-        run (:func:`traced_microbatches`), made before the traced round's last backward-forward
-        pair: each backward leaves one until the next step, so from there on as many are
-        alive as in the step's last round (before it, as many as in the step's first)."""
-        traced = len({a.microbatch for a in self.layout.traced}) or self.layout.microbatches
-        for buffers in self.recv.values():
-            for buffer in buffers[traced:]:
-                buffer.grad = torch.empty_like(buffer)
-                self._made_in_backward(buffer.grad)
-
-    def _made_in_backward(self, tensor: torch.Tensor) -> None:
-        """Record ``tensor`` as made in a backward, where autograd makes the gradients of
-        the received activations (a temporary, not an activation saved for backward)."""
-        recorder = self.recorder
-        entry = recorder.live.get(tensor.untyped_storage()._cdata) if recorder else None
-        if entry is not None and entry[0] is not None:
-            recorder.blocks[entry[0]].phase = "backward"
+    def _sent(self, action: Action, sending: dict[int, list[torch.Tensor]]) -> None:
+        """After a micro-batch's backward, the gradient of the activation it received, as
+        torch's ``stage_backward`` leaves it: taken from the receive buffer's ``.grad``
+        (which it sets to None) and held only by what sends it back. 1F1B holds its send
+        ops until the next backward's are made (``bwd_sends``), so the previous micro-batch's
+        gradient goes after this backward; GPipe and the interleaved runtime keep every
+        send's work until they wait for them all at the step's end."""
+        buffers = self.recv.get(action.stage)
+        if buffers is None:
+            return
+        buffer = buffers[action.microbatch]
+        grad, buffer.grad = buffer.grad, None
+        held = sending.setdefault(action.stage, [])
+        if self.layout.schedule == "1f1b":
+            held.clear()
+        if grad is not None:
+            held.append(grad)
 
     def _label(self, buffers: list[torch.Tensor]) -> None:
         """The receive buffers are the stage's communication buffers, kept across steps
@@ -759,32 +762,38 @@ class PipelineStep:
                     "no loss for its GradScaler to scale, and GradScaler refuses to step; use "
                     "bf16-mixed"
                 )
-        for buffers in self.recv.values():  # clear_runtime_states
-            for buffer in buffers:
-                buffer.grad = None
         cache: dict[tuple[int, int], Any] = {}
         order = self.layout.traced or self.layout.order
         last_backward = {a.stage: i for i, a in enumerate(order) if a.kind == "B"}
-        last_forward = max((i for i, a in enumerate(order) if a.kind == "F"), default=-1)
-        last_round = max((i for i in range(last_forward) if order[i].kind == "B"), default=None)
+        # GPipe's and 1F1B's step keep the output of their last forward in a local variable
+        # until the next forward returns (the interleaved runtime runs each action in a
+        # function of its own): the last stage's logits outlive their backward until then
+        held_locally = VIRTUAL_STAGES[self.layout.schedule] == 1
+        output: Any = None
+        # stage -> the gradients of received activations that the step still holds, sent
+        sending: dict[int, list[torch.Tensor]] = {}
         for i, action in enumerate(order):
-            if i == last_round:
-                self._untraced_grads()
             key = (action.stage, action.microbatch)
             if action.kind == "F":
                 with self._no_sync():  # forward_maybe_with_nosync
                     cache[key] = self._forward(*key)
+                if held_locally:
+                    output = self.last_outputs.get(key, cache[key])
                 continue
             out = cache.pop(key)
             self._backward(out, action, last=last_backward[action.stage] == i)
             del out
             self.last_outputs.pop(key, None)
+            self._sent(action, sending)
         cache.clear()
         self.last_outputs.clear()
         self._reduce_grads()
         for p in w.model.parameters():  # scale_grads: the losses of all micro-batches summed
             if p.grad is not None:
                 p.grad.div_(self.layout.microbatches)
+        # the schedule's step returns: its locals (the last output, the last sends) go
+        del output
+        sending.clear()
         optimizer = w.optimizer
         assert optimizer is not None
         if self._runner.scaler is not None:
