@@ -143,6 +143,17 @@ CASES: dict[str, tuple[str, int, str, str, dict]] = {
         "none",
         {"ep": 2, "ep_imbalance": 1.0},
     ),
+    # context parallel 2 under FSDP2 over dp 2 × cp 2 (torchtitan's dp_shard_cp): 4 ranks
+    "example-llama-cp2-fsdp2": ("example:llama", 16, "32-true", "fsdp", {"cp": 2}),
+    # expert parallel 2 carved from 4 FSDP2 ranks (torchtitan's layout): the experts sharded
+    # over the 2 ranks that hold the same ones (dp_mod_ep), the rest over all 4
+    "moe-ep2-fsdp2": (
+        f"{MOE_WORKLOADS}:moe_grouped",
+        8,
+        "32-true",
+        "fsdp",
+        {"ep": 2, "ep_imbalance": 1.0},
+    ),
 }
 # measured through benchmarks/staged_gloo.py (the job's collectives and point-to-point ops on
 # device tensors carried over gloo through CPU copies: what gloo has no CUDA path for), and
@@ -154,6 +165,8 @@ STAGED = (
     "example-llama-pp2-1f1b",
     "example-llama-cp2",
     "moe-ep2",
+    "example-llama-cp2-fsdp2",
+    "moe-ep2-fsdp2",
 )
 TARGET_CASES = (
     "example-gpt-ddp",
@@ -172,11 +185,11 @@ GROUPS = {
 
 def world_of(case: tuple) -> int:
     """The case's ranks: 2 for data parallel; tp, or tp × 2 with a data-parallel strategy;
-    pp × tp; cp; ep."""
+    pp × tp; cp or ep, or cp × 2 or ep × 2 with a data-parallel strategy."""
     tp = case[4].get("tp", 1)
-    for alone in ("cp", "ep"):  # estimated alone: every rank in the one group
-        if case[4].get(alone, 1) > 1:
-            return case[4][alone]
+    for inner in ("cp", "ep"):  # alone, every rank in the one group
+        if case[4].get(inner, 1) > 1:
+            return case[4][inner] * (1 if case[3] == "none" else WORLD)
     if case[4].get("pp", 1) > 1:
         return case[4]["pp"] * tp  # one rank per stage
     if tp == 1:
@@ -220,17 +233,35 @@ def rank_job(args: argparse.Namespace) -> int:
         del workload
         return pipeline_rank_job(args, plan, holder, device)
     after_step = None
-    if plan.cp > 1:
-        workload, after_step = context_parallel_workload(workload, plan.cp, device)
-    elif plan.ep > 1:
-        from vramscope.distributed.expert_parallel import apply_expert_parallel
+    if plan.cp > 1 or plan.ep > 1:
+        from vramscope.distributed.sharding import device_mesh
 
-        # the estimate's own expert-parallel layers, exchanging over the real group
-        workload = apply_expert_parallel(
-            workload, plan.ep, plan.ep_rank, plan.imbalance, device
-        ).workload
+        # the estimate's mesh: (dp, cp), or (dp_mod_ep, ep) (torchtitan's layout)
+        mesh = device_mesh(plan, device.type)
+        experts = None
+        if plan.cp > 1:
+            workload, after_step = context_parallel_workload(workload, plan.cp, device, mesh["cp"])
+        else:
+            from vramscope.distributed.expert_parallel import apply_expert_parallel
+
+            # the estimate's own expert-parallel layers, exchanging over the real group
+            applied = apply_expert_parallel(
+                workload,
+                plan.ep,
+                plan.ep_rank,
+                plan.imbalance,
+                device,
+                group=mesh["ep"].get_group(),
+            )
+            workload = applied.workload
+            experts = applied.local_modules()
+            del applied
+        if plan.strategy != "none":
+            # then the strategy over the ranks that remain, as the estimate applies it:
+            # FSDP2 over dp × cp (experts over dp_mod_ep first), or DDP over the world
+            workload = apply_plan(workload, plan, device, mesh=mesh, experts=experts).workload
         if device.type == "cuda":
-            torch.cuda.empty_cache()  # the other ranks' experts, built here and dropped
+            torch.cuda.empty_cache()  # the other ranks' experts, or the whole model: dropped
     else:
         applied = apply_plan(workload, plan, device)
         # the workload as built keeps its optimizer, over the parameters before sharding:
@@ -256,9 +287,10 @@ def rank_job(args: argparse.Namespace) -> int:
     return 0
 
 
-def context_parallel_workload(workload, cp: int, device):
+def context_parallel_workload(workload, cp: int, device, mesh=None):
     """``workload`` as a context-parallel training script runs it with torch's own
-    ``context_parallel`` on a 1-D mesh of the ``cp`` ranks (the estimate's mesh): each
+    ``context_parallel`` on ``mesh``, the job's 1-D mesh of the ``cp`` ranks (the
+    estimate's; left out, one over the world): each
     micro-batch's token ids and targets are its ``buffers``, cut in place along the sequence
     (torch's head-tail load balancing), and scaled-dot-product attention is ring attention
     while the step runs (forward, backward and optimizer step inside the context; left after
@@ -275,7 +307,8 @@ def context_parallel_workload(workload, cp: int, device):
         import cpu_attention
 
         cpu_attention.install()
-    mesh = init_device_mesh(device.type, (cp,), mesh_dim_names=("cp",))
+    if mesh is None:
+        mesh = init_device_mesh(device.type, (cp,), mesh_dim_names=("cp",))
     inside = contextlib.ExitStack()
     make = workload.batch
 

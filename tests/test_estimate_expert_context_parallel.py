@@ -8,12 +8,15 @@ imbalance), its share of the sequence's activations."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from cli_run import run_cli
+from test_estimate_distributed import block, padded_shard_bytes
 from vramscope import schema
 from vramscope.distributed.sharding import ParallelPlan
 from vramscope.estimate.distributed import trace_rank
@@ -95,9 +98,14 @@ def test_bad_expert_parallel_input_is_one_line_and_exit_2(capsys):
         (["--ep", "3"], "--ep 3 does not divide the 8 experts of blocks.0.moe.experts"),
         (["--ep", "2", "--ep-imbalance", "3"], "--ep-imbalance must be from 1"),
         (["--ep-imbalance", "1.5"], "--ep-imbalance applies with --ep"),
-        (["--ep", "2", "--world-size", "4", "--strategy", "fsdp"], "not yet supported"),
+        (["--ep", "2", "--world-size", "4", "--strategy", "hsdp"], "not yet supported"),
+        (["--ep", "2", "--world-size", "4", "--strategy", "zero1"], "use --strategy ddp"),
+        (["--ep", "2", "--world-size", "4"], "give --strategy (ddp, fsdp or zero2)"),
+        (["--ep", "2", "--world-size", "5", "--strategy", "fsdp"], "does not divide"),
         (["--ep", "2", "--world-size", "4", "--tp", "2"], "--ep with --tp is not yet"),
+        (["--ep", "2", "--world-size", "4", "--strategy", "fsdp", "--pp", "2"], "--ep with --pp"),
         (["--ep", "2", "--cp", "2"], "--cp with --ep is not yet supported"),
+        (["--ep", "2", "--world-size", "4", "--strategy", "ddp", "--cp", "2"], "--cp with --ep"),
     ]
     for args, needle in cases:
         code, _, err = run_cli(capsys, "estimate", MOE, "-b", "2", *args)
@@ -197,3 +205,143 @@ def test_context_parallel_chunks_too_short_for_the_attention_kernel_say_why(caps
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1
     assert "8-token chunks" in lines[0] and "a multiple of 128" in lines[0]
+
+
+def test_context_parallel_with_fsdp_and_ddp_that_do_not_fit_are_one_line_and_exit_2(capsys):
+    cases = [
+        (["--world-size", "8"], "give --strategy (ddp, fsdp or zero2)"),
+        (["--world-size", "4", "--strategy", "hsdp", "--shard-size", "2"], "not yet supported"),
+        (["--world-size", "4", "--strategy", "zero1"], "use --strategy ddp, fsdp or zero2"),
+        (["--world-size", "6", "--strategy", "fsdp"], "--cp 4 does not divide --world-size 6"),
+        (["--world-size", "8", "--strategy", "fsdp", "--tp", "2"], "--cp with --tp is not yet"),
+        (["--world-size", "8", "--strategy", "fsdp", "--pp", "2"], "--cp with --pp is not yet"),
+        (["--world-size", "8", "--strategy", "ddp", "--bucket-cap-mb", "0"], "--bucket-cap-mb"),
+        (["--world-size", "8", "--strategy", "ddp", "--param-dtype", "bf16"], "applies to FSDP2"),
+    ]
+    for args, needle in cases:
+        code, _, err = run_cli(capsys, "estimate", LONG, "-b", "2", "--cp", "4", *args)
+        lines = err.strip().splitlines()
+        assert code == 2, args
+        assert len(lines) == 1 and lines[0].startswith("vramscope: error:"), err
+        assert needle in lines[0], (needle, lines[0])
+
+
+# ---- with a data-parallel strategy over the ranks that remain -----------------------------
+
+
+def model_params(spec: str) -> list[tuple[str, torch.Size]]:
+    model = resolve(spec).builder(2, torch.device("meta")).model
+    return [(n, p.shape) for n, p in model.named_parameters()]
+
+
+def test_fsdp_over_dp_and_cp_shards_every_parameter_over_both(tmp_path, capsys):
+    """--world-size 4 --strategy fsdp --cp 2: a (dp 2, cp 2) mesh; FSDP2 shards every
+    parameter over the flattened dp × cp (torchtitan's dp_shard_cp): 4 padded shards, while
+    the activations are the context-parallel rank's (half the sequence)."""
+    alone = estimate(LONG, BATCH, parallel=ParallelPlan("none", 2, cp=2).check())
+    out = tmp_path / "cp-fsdp.json"
+    code, _, _ = run_cli(
+        capsys,
+        "estimate",
+        LONG,
+        "-b",
+        str(BATCH),
+        "--world-size",
+        "4",
+        "--strategy",
+        "fsdp",
+        "--cp",
+        "2",
+        "--json",
+        str(out),
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert schema.errors(data) == []
+    cats = data["categories_at_peak"]
+    shards = sum(block(padded_shard_bytes(shape, 4)) for _, shape in model_params(LONG))
+    assert cats["parameters"] == shards
+    assert cats["optimizer_state"] == 2 * shards  # AdamW: 2 states per shard
+    ratio = cats["activations"] / alone.categories_at_peak.activations
+    assert 0.95 < ratio < 1.1
+    job = data["distributed"]
+    assert job["plan"]["shard_group_size"] == 4 and job["plan"]["dp_size"] == 2
+    assert job["context_parallel"]["local_sequence"] == 128
+    assert job["summary"].startswith("fsdp over 4 (dp 2 × cp 2) × context parallel over 2")
+    assert job["mesh"]["dims"] == [{"name": "dp", "size": 2}, {"name": "cp", "size": 2}]
+    groups = [(c["group"], c["ranks"]) for c in job["communicators"]]
+    assert groups == [("context parallel", 2), ("data parallel", 4)]
+    # the 4 ranks hold alike shares: one role, traced once
+    assert [r["ranks"] for r in job["roles"]] == ["0-3"]
+    assert [r["rank"] for r in job["traced_ranks"]] == [0]
+    assert data["workload"]["cp"] == 2 and data["workload"]["strategy"] == "fsdp"
+
+
+def test_ddp_over_dp_and_cp_keeps_the_whole_model_plus_its_buckets():
+    alone = estimate(LONG, BATCH, parallel=ParallelPlan("none", 2, cp=2).check())
+    ddp = estimate(LONG, BATCH, parallel=ParallelPlan("ddp", 4, cp=2).check())
+    mine, theirs = ddp.categories_at_peak, alone.categories_at_peak
+    assert mine.parameters == theirs.parameters
+    assert mine.optimizer_state == theirs.optimizer_state
+    job = ddp.extra["distributed"]
+    # DDP's gradient buckets hold every gradient of the rank, beside its share of the sequence
+    buckets = next(item for item in job["memory"] if item["name"] == "ddp_gradient_buckets")
+    whole = sum(math.prod(shape) * FLOAT32 for _, shape in model_params(LONG))
+    assert sum(buckets["bucket_sizes"]) == whole
+    assert ddp.peak.allocated_bytes > alone.peak.allocated_bytes
+    assert [r["ranks"] for r in job["roles"]] == ["0-3"]
+
+
+def expert_split(spec: str, ep: int, rank: int = 0) -> tuple[list, list]:
+    """The MoE model's parameter shapes: the experts ``rank`` keeps of ``ep``, the rest."""
+    share = EXPERTS // ep
+    local, rest = [], []
+    for name, shape in model_params(spec):
+        if ".experts." in name:
+            index = int(name.split(".experts.")[1].split(".")[0])
+            if rank * share <= index < (rank + 1) * share:
+                local.append(shape)
+        else:
+            rest.append(shape)
+    return local, rest
+
+
+def test_fsdp_with_expert_parallel_shards_the_experts_over_dp_mod_ep_and_the_rest_over_dp():
+    """--world-size 4 --strategy fsdp --ep 2 (torchtitan's layout): each rank keeps 4 of the
+    8 experts of each layer, FSDP2 shards those over the 2 ranks that hold the same experts
+    (dp_mod_ep), every other parameter over all 4 data-parallel ranks."""
+    report = estimate(MOE, BATCH, parallel=ParallelPlan("fsdp", 4, ep=2).check())
+    local, rest = expert_split(MOE, 2)
+    experts = sum(block(padded_shard_bytes(s, 2)) for s in local)
+    others = sum(block(padded_shard_bytes(s, 4)) for s in rest)
+    assert experts == BLOCKS * EXPERTS // 2 * EXPERT_BYTES // 2
+    cats = report.categories_at_peak
+    assert cats.parameters == experts + others
+    assert cats.optimizer_state == 2 * (experts + others)
+    job = report.extra["distributed"]
+    assert job["summary"] == (
+        "fsdp over 4, experts over 2 × expert parallel over 2 ranks (4 ranks), routing assumed even"
+    )
+    section = job["expert_parallel"]
+    assert section["local_experts"] == "0-3" and section["size"] == 2
+    # the exchanges are the expert-parallel group's: as with --ep 2 alone
+    even = moe_ep(2).extra["distributed"]["expert_parallel"]["exchange_bytes_per_layer"]
+    assert section["exchange_bytes_per_layer"] == even
+    assert [r["ranks"] for r in job["roles"]] == ["0-3"]
+    assert report.workload["ep"] == 2 and report.workload["strategy"] == "fsdp"
+
+
+def test_ddp_with_expert_parallel_holds_the_ranks_experts_whole():
+    alone = moe_ep(2)
+    ddp = estimate(MOE, BATCH, parallel=ParallelPlan("ddp", 4, ep=2).check())
+    mine, theirs = ddp.categories_at_peak, alone.categories_at_peak
+    assert mine.parameters == theirs.parameters
+    assert mine.optimizer_state == theirs.optimizer_state
+    assert ddp.peak.allocated_bytes > alone.peak.allocated_bytes  # DDP's buckets
+    job = ddp.extra["distributed"]
+    # its buckets hold the gradients of what the rank holds: its experts and the rest
+    local, rest = expert_split(MOE, 2)
+    held = sum(math.prod(shape) * FLOAT32 for shape in local + rest)
+    buckets = next(item for item in job["memory"] if item["name"] == "ddp_gradient_buckets")
+    assert sum(buckets["bucket_sizes"]) == held
+    assert job["summary"].startswith("ddp over 4 × expert parallel over 2 ranks")

@@ -353,13 +353,16 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
             "--cp",
             type=int,
             help="Context parallel over this many ranks: each holds 1/N of every sequence, "
-            "attention through torch's ring attention (--world-size defaults to --cp).",
+            "attention through torch's ring attention (--world-size defaults to --cp; with "
+            "--strategy ddp, fsdp or zero2, data parallel over the dp × cp ranks).",
         ),
         click.option(
             "--ep",
             type=int,
             help="Expert parallel over this many ranks: each holds 1/N of every MoE layer's "
-            "experts, tokens exchanged all-to-all (--world-size defaults to --ep).",
+            "experts, tokens exchanged all-to-all (--world-size defaults to --ep; with "
+            "--strategy ddp, fsdp or zero2, carved from the data-parallel ranks: FSDP shards "
+            "the experts over world/ep ranks, the rest over the world).",
         ),
         click.option(
             "--ep-imbalance",
@@ -400,7 +403,7 @@ def parallel_options(func: Callable[..., Any] | None = None, *, each_strategy: b
         given["pp_split"] = _split_points(given["pp_split"])
         if given.get("pp") is not None and given["world_size"] is None and given["pp"] > 1:
             given["world_size"] = given["pp"] * given.get("tp", 1)  # one rank per stage
-        for name in ("cp", "ep"):  # estimated alone: the group is the world
+        for name in ("cp", "ep"):  # alone, the group is the world
             size = given.get(name)
             if isinstance(size, int) and size > 1 and given["world_size"] is None:
                 given["world_size"] = size

@@ -167,16 +167,18 @@ class ContextApplied:
 
 
 def apply_context_parallel(
-    workload: Any, cp: int, coordinate: int, device: torch.device
+    workload: Any, cp: int, coordinate: int, device: torch.device, mesh: Any = None
 ) -> ContextApplied:
     """Make a built ``workload`` one rank of a ``cp``-rank context-parallel group: each
     micro-batch cut to the rank's share of the sequence (:func:`shard_batch`). The ring
-    attention itself is enabled while the step runs (:func:`ring_attention` on the mesh)."""
+    attention itself is enabled while the step runs (:func:`ring_attention` on ``mesh``,
+    the job's 1-D context-parallel mesh; left out, one over the whole world)."""
     from dataclasses import replace
 
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(device.type, (cp,), mesh_dim_names=("cp",))
+    if mesh is None:
+        mesh = init_device_mesh(device.type, (cp,), mesh_dim_names=("cp",))
     applied = ContextApplied(None, mesh, cp, coordinate)
     make = workload.batch
 

@@ -126,6 +126,7 @@ class ExpertsApplied:
     # the traced exchanges: (step, layer, what, bytes of the output on this rank)
     exchanges: list[tuple[int, str, str, int]] = field(default_factory=list)
     expert_parameters: int = 0  # elements of the experts this rank holds
+    group: Any = None  # the expert-parallel process group (None: the world)
     model_expert_parameters: int = 0  # of every expert
 
     def exchange(self, layer: str, what: str, tensor: torch.Tensor, rows_out: int) -> torch.Tensor:
@@ -133,7 +134,7 @@ class ExpertsApplied:
         the reverse exchange); the output's size noted."""
         from torch.distributed import _functional_collectives as funcol
 
-        group = torch.distributed.group.WORLD
+        group = self.group if self.group is not None else torch.distributed.group.WORLD
         out = funcol.all_to_all_single_autograd(
             tensor.contiguous(),
             splits(rows_out, self.ep),
@@ -143,6 +144,18 @@ class ExpertsApplied:
         step = getattr(self.recorder, "step", 0)
         self.exchanges.append((step, layer, what, out.numel() * out.element_size()))
         return out
+
+    def local_modules(self) -> list[nn.Module]:
+        """The modules of the experts this rank holds: each local expert of a list, each
+        grouped module (its share of the experts): what FSDP2 shards over the ranks that
+        hold the same experts."""
+        found: list[nn.Module] = []
+        for layer in self.layers:
+            if layer.kind == LIST:
+                found += [m for m in layer.module if not isinstance(m, _RemoteExpert)]
+            else:
+                found.append(layer.module)
+        return found
 
     def to_dict(self) -> dict[str, Any]:
         kinds = sorted({layer.kind for layer in self.layers})
@@ -258,11 +271,17 @@ def _grouped_forward(module: nn.Module, owner: ExpertsApplied, layer: ExpertLaye
 
 
 def apply_expert_parallel(
-    workload: Any, ep: int, rank: int, imbalance: float, device: torch.device
+    workload: Any,
+    ep: int,
+    rank: int,
+    imbalance: float,
+    device: torch.device,
+    group: Any = None,
 ) -> ExpertsApplied:
-    """Make a built ``workload`` rank ``rank`` of an ``ep``-rank expert-parallel group: each
-    MoE layer keeps its share of the experts, its calls exchange tokens all-to-all; the
-    optimizer is made again over the parameters the rank holds."""
+    """Make a built ``workload`` rank ``rank`` of an ``ep``-rank expert-parallel group
+    (``group``; None: the world): each MoE layer keeps its share of the experts, its calls
+    exchange tokens all-to-all; the optimizer is made again over the parameters the rank
+    holds."""
     from dataclasses import replace
 
     from vramscope.distributed.optim import constructor_defaults
@@ -286,7 +305,7 @@ def apply_expert_parallel(
                 f"--ep {ep} does not divide the {layer.experts} experts of {layer.name}: each "
                 "expert-parallel rank holds the same number of whole experts"
             )
-    applied = ExpertsApplied(None, layers, ep, rank, imbalance)
+    applied = ExpertsApplied(None, layers, ep, rank, imbalance, group=group)
     renamed: dict[int, nn.Parameter] = {}  # a grouped module's parameters: their share
     for layer in layers:
         share = layer.experts // ep

@@ -40,8 +40,18 @@ are then applied to the stage's own modules as they are to a whole model (a 3-D 
 data-parallel dimension is world size / (tp · pp)). Context parallel (``cp``: each rank a
 share of every sequence, torch's ring attention, :mod:`vramscope.distributed.context_parallel`)
 and expert parallel (``ep``: each rank a share of every MoE layer's experts, tokens exchanged
-all-to-all, :mod:`vramscope.distributed.expert_parallel`) are estimated alone, over the whole
-world.
+all-to-all, :mod:`vramscope.distributed.expert_parallel`) run alone or under ``ddp``,
+``fsdp`` or ``zero2`` over the ranks that remain, in torchtitan's layout:
+
+* ``cp``: a 2-D mesh ``(dp, cp)`` (context parallel inner); the data-parallel strategy runs
+  over the flattened ``dp × cp`` ranks, since a context-parallel group's ranks hold the same
+  parameters and their gradients are reduced together: FSDP2 shards every parameter over
+  all ``dp · cp`` ranks (torchtitan's ``dp_shard_cp``), DDP replicates over them;
+* ``ep``: carved from the data-parallel ranks (torchtitan's ``dp_shard_in_ep``): a mesh
+  ``(dp_mod_ep, ep)`` of the world; each rank keeps 1/ep of every MoE layer's experts and
+  exchanges tokens over ``ep``; FSDP2 shards those experts over ``dp_mod_ep`` (world / ep
+  ranks: torchtitan's ``dp_shard_mod_ep``) and every other parameter over the whole
+  data-parallel world; DDP replicates every parameter the rank holds over the world.
 """
 
 from __future__ import annotations
@@ -79,6 +89,8 @@ MESH_DIMS = ("pp", "dp", "cp", "tp")
 DEFAULT_EP_IMBALANCE = 1.0
 # strategies that run with tensor parallel on the same mesh (FSDP2 over its dp dimension)
 WITH_TENSOR_PARALLEL = ("fsdp", "hsdp", "zero2", NO_DATA_PARALLEL)
+# strategies that run with context or expert parallel over the ranks that remain
+WITH_CONTEXT_OR_EXPERTS = ("ddp", "fsdp", "zero2", NO_DATA_PARALLEL)
 
 
 @dataclass(frozen=True)
@@ -188,15 +200,33 @@ class ParallelPlan:
         return rank
 
     @property
+    def data_ranks(self) -> int:
+        """Ranks over which the data-parallel strategy runs: the data-parallel dimension,
+        times the context-parallel one (its ranks hold the same parameters, their gradients
+        reduced together: torchtitan's ``dp_shard_cp``)."""
+        return self.dp_size * self.cp
+
+    @property
     def shard_group_size(self) -> int:
         """Ranks that share one copy of the model state: its shards."""
         if self.strategy == "hsdp":
             return self.shard_size or DEFAULT_SHARD_SIZE
-        return self.dp_size if self.sharded else 1
+        return self.data_ranks if self.sharded else 1
 
     @property
     def replicate_size(self) -> int:
-        return self.dp_size // self.shard_group_size if self.sharded else self.dp_size
+        return self.data_ranks // self.shard_group_size if self.sharded else self.data_ranks
+
+    @property
+    def expert_shard_size(self) -> int:
+        """With expert parallel: the ranks that hold the same experts, over which FSDP2
+        shards them (torchtitan's ``dp_shard_mod_ep``: world / (tp · pp · ep))."""
+        return max(1, self.dp_size // self.ep)
+
+    def shard_index(self, rank: int | None = None) -> int:
+        """``rank``'s index among the ranks of the data-parallel strategy (dp × cp)."""
+        coords = self.coordinates(rank)
+        return coords["dp"] * self.cp + coords["cp"]
 
     @property
     def resharding(self) -> bool:
@@ -259,7 +289,8 @@ class ParallelPlan:
             self._check_pipeline()
         if self.cp > 1 or self.ep > 1 or self.ep_imbalance is not None:
             self._check_context_and_experts()
-            return self
+            if s == NO_DATA_PARALLEL:
+                return self
         dp = self.dp_size
         if s == NO_DATA_PARALLEL:
             if dp > 1:
@@ -373,8 +404,9 @@ class ParallelPlan:
             )
 
     def _check_context_and_experts(self) -> None:
-        """Context and expert parallel are estimated alone: every rank of the world in the
-        one group, no other dimension, no data-parallel strategy."""
+        """Context and expert parallel run alone (every rank of the world in the one group)
+        or under ddp, fsdp or zero2 over the ranks that remain (the module's docstring says
+        which layout); not yet with each other, tensor or pipeline parallel, hsdp or zero1."""
         n, cp, ep = self.world_size, self.cp, self.ep
         if self.ep_imbalance is not None:
             if ep == 1:
@@ -394,18 +426,26 @@ class ParallelPlan:
             if given:
                 raise VramscopeError(
                     f"{flag} with {other} is not yet supported by the estimator ({kind} "
-                    f"parallel is estimated alone); estimate {flag} alone, or {other} alone"
+                    f"parallel runs alone or with --strategy ddp, fsdp or zero2); estimate "
+                    f"{flag} without {other}, or {other} alone"
                 )
-        if self.strategy != NO_DATA_PARALLEL:
+        if self.strategy == NO_DATA_PARALLEL:
+            if n != size:
+                raise VramscopeError(
+                    f"--world-size {n} with {flag} {size}: the ranks beyond the {kind}-parallel "
+                    f"group are data parallel: give --strategy (ddp, fsdp or zero2), or "
+                    f"--world-size {size}"
+                )
+            return
+        if self.strategy not in WITH_CONTEXT_OR_EXPERTS:
             raise VramscopeError(
-                f"{flag} with --strategy {self.strategy} is not yet supported by the estimator "
-                f"(data parallel over the {kind}-parallel groups); leave --strategy out, with "
-                f"--world-size equal to {flag}"
+                f"{flag} with --strategy {self.strategy} is not yet supported by the estimator; "
+                f"use --strategy ddp, fsdp or zero2 with {flag}"
             )
-        if n != size:
+        if n % size:
             raise VramscopeError(
-                f"--world-size {n} with {flag} {size}: {kind} parallel is estimated alone, "
-                f"over the whole world; give --world-size {size} (or leave it out)"
+                f"{flag} {size} does not divide --world-size {n}: the world is the "
+                f"data-parallel ranks times the {kind}-parallel group"
             )
 
     def describe(self) -> str:
@@ -413,8 +453,19 @@ class ParallelPlan:
         parallel ``fsdp over 8 × tensor parallel 8 (64 ranks)``."""
         if self.cp > 1:
             words = [f"context parallel over {self.cp} ranks (each 1/{self.cp} of the sequence)"]
+            if self.strategy != NO_DATA_PARALLEL:
+                words[0] = (
+                    f"{self.strategy} over {self.data_ranks} (dp {self.dp_size} × cp {self.cp}) "
+                    f"× {words[0]} ({self.world_size} ranks)"
+                )
         elif self.ep > 1:
             words = [f"expert parallel over {self.ep} ranks"]
+            if self.strategy != NO_DATA_PARALLEL:
+                experts = f", experts over {self.expert_shard_size}" if self.sharded else ""
+                words[0] = (
+                    f"{self.strategy} over {self.dp_size}{experts} × {words[0]} "
+                    f"({self.world_size} ranks)"
+                )
             words.append(
                 "routing assumed even"
                 if self.imbalance == 1.0
@@ -527,8 +578,9 @@ class Applied:
 
 def device_mesh(plan: ParallelPlan, device_type: str) -> Any:
     """The job's DeviceMesh, ``init_device_mesh`` over the plan's dimensions: pipeline
-    (``pp``, outermost), data parallel (``dp``, or HSDP's ``replicate`` and ``shard``) and
-    tensor parallel (``tp``, innermost)."""
+    (``pp``, outermost), data parallel (``dp``, HSDP's ``replicate`` and ``shard``, or with
+    expert parallel ``dp_mod_ep`` and ``ep``), context parallel (``cp``) and tensor parallel
+    (``tp``, innermost)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape: list[int] = []
@@ -539,13 +591,32 @@ def device_mesh(plan: ParallelPlan, device_type: str) -> Any:
     if plan.strategy == "hsdp":
         shape += [plan.replicate_size, plan.shard_group_size]
         names += ["replicate", "shard"]
+    elif plan.ep > 1:  # carved from the data-parallel ranks, innermost (dp_shard_in_ep)
+        shape += [plan.expert_shard_size, plan.ep]
+        names += ["dp_mod_ep", "ep"]
     elif plan.dp_size > 1:
         shape.append(plan.dp_size)
         names.append("dp")
+    if plan.cp > 1:
+        shape.append(plan.cp)
+        names.append("cp")
     if plan.tensor_parallel:
         shape.append(plan.tp)
         names.append("tp")
     return init_device_mesh(device_type, tuple(shape), mesh_dim_names=tuple(names))
+
+
+def data_parallel_mesh(plan: ParallelPlan, mesh: Any) -> Any:
+    """The mesh FSDP2 shards over: HSDP's ``(replicate, shard)``; with context parallel
+    ``dp × cp`` flattened (``cp`` alone when it is the world); with expert parallel
+    ``dp_mod_ep × ep`` flattened (every data-parallel rank); else ``dp``."""
+    if plan.strategy == "hsdp":
+        return mesh["replicate", "shard"]
+    if plan.cp > 1:
+        return mesh["dp", "cp"]._flatten("dp_cp") if plan.dp_size > 1 else mesh["cp"]
+    if plan.ep > 1:
+        return mesh["dp_mod_ep", "ep"]._flatten("dp")
+    return mesh["dp"]
 
 
 def apply_plan(
@@ -557,6 +628,8 @@ def apply_plan(
     ddp_kwargs: dict[str, Any] | None = None,
     tensor_parallel: Any = None,
     blocks: list[torch.nn.Module] | None = None,
+    mesh: Any = None,
+    experts: list[torch.nn.Module] | None = None,
 ) -> Applied:
     """Apply ``plan`` to a built ``workload`` on ``device`` (a process group must exist):
     tensor parallel first (``parallelize_module`` on the mesh's ``tp`` dimension), then the
@@ -566,12 +639,17 @@ def apply_plan(
 
     For a pipeline stage (a model cut by :func:`vramscope.distributed.pipeline.apply_pipeline`)
     ``tensor_parallel`` is the layout worked out on the whole model, kept to the stage's
-    modules, and ``blocks`` the stage's own blocks, each sharded by FSDP as its own group."""
+    modules, and ``blocks`` the stage's own blocks, each sharded by FSDP as its own group.
+
+    With context or expert parallel ``mesh`` is the job's mesh (:func:`device_mesh`,
+    already made for the ring attention's or the exchanges' group) and ``experts`` the
+    rank's expert modules, which FSDP2 shards over ``dp_mod_ep`` before the rest."""
     if not plan.sharded and not plan.tensor_parallel:
         return _apply_ddp(workload, plan, device, ddp_kwargs or {})
     model = workload.model
     names = {id(p): n for n, p in model.named_parameters()}
-    mesh = device_mesh(plan, device.type)
+    if mesh is None:
+        mesh = device_mesh(plan, device.type)
     layout = None
     if plan.tensor_parallel:
         from vramscope.distributed.tensor_parallel import apply_tensor_parallel
@@ -587,7 +665,7 @@ def apply_plan(
     unit_class = None
     groups = 0
     if plan.sharded:
-        units, unit_class = _apply_fsdp(model, plan, mesh, pin_memory, blocks)
+        units, unit_class = _apply_fsdp(model, plan, mesh, pin_memory, blocks, experts)
         groups = len(units) + 1
     optimizer = workload.optimizer
     if optimizer is not None:
@@ -639,13 +717,13 @@ def _apply_fsdp(
     mesh: Any,
     pin_memory: bool,
     blocks: list[torch.nn.Module] | None = None,
+    experts: list[torch.nn.Module] | None = None,
 ) -> tuple[list[str], str | None]:
     """``fully_shard`` on each unit, then on the root, over the mesh's data-parallel
     dimension(s); the units' names and class."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    dp_mesh = mesh["replicate", "shard"] if plan.strategy == "hsdp" else mesh["dp"]
-    options: dict[str, Any] = {"mesh": dp_mesh}
+    options: dict[str, Any] = {"mesh": data_parallel_mesh(plan, mesh)}
     if plan.reshard_after_forward is not None or plan.strategy == "zero2":
         # left out, fully_shard reshards every group but the root (gathered again at once
         # for backward)
@@ -663,6 +741,10 @@ def _apply_fsdp(
         units = shard_units(model, plan.shard_module)
     unit_class = type(units[0]).__name__ if units else None  # fully_shard renames the class
     module_names = {id(m): n for n, m in model.named_modules()}
+    # expert parallel: the rank's experts first, each its own group over the ranks that hold
+    # the same experts (dp_mod_ep), as torchtitan shards them; the rest over the whole dp
+    for expert in experts or []:
+        fully_shard(expert, **{**options, "mesh": mesh["dp_mod_ep"]})
     for unit in units:
         fully_shard(unit, **options)
     fully_shard(model, **options)

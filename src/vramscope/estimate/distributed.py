@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from vramscope.distributed.sharding import Applied, ParallelPlan, apply_plan
+from vramscope.distributed.sharding import NO_DATA_PARALLEL, Applied, ParallelPlan, apply_plan
 from vramscope.errors import VramscopeError
 from vramscope.estimate.cuda_device import CUDA
 from vramscope.estimate.recorder import Recorder, Trace, TraceError
@@ -105,10 +105,15 @@ def communicators(plan: ParallelPlan) -> list[dict[str, Any]]:
     if plan.pipeline:
         # the stages' sends and receives (batch_isend_irecv) over the pipeline's group
         groups.append(("pipeline", plan.pp))
-    if plan.cp > 1:
-        groups.append(("context parallel", plan.cp))
-    elif plan.ep > 1:
-        groups.append(("expert parallel", plan.ep))
+    if plan.cp > 1 or plan.ep > 1:
+        groups.append(
+            ("context parallel", plan.cp) if plan.cp > 1 else ("expert parallel", plan.ep)
+        )
+        if plan.strategy != NO_DATA_PARALLEL:
+            # the strategy's group: dp × cp flattened, or the data-parallel world
+            groups.append(("data parallel", plan.data_ranks))
+            if plan.ep > 1 and plan.sharded:  # the experts' FSDP group (dp_mod_ep)
+                groups.append(("experts' data parallel", plan.expert_shard_size))
     elif plan.strategy == "hsdp":
         groups += [("shard", plan.shard_group_size), ("replicate", plan.replicate_size)]
     elif plan.tensor_parallel or plan.pipeline:
@@ -449,26 +454,55 @@ class RankTracer:
                 return workload  # build_workload reports the wrong type
             if self.plan.pipeline:
                 return self._stage(workload, device)
-            if self.plan.cp > 1:
-                from vramscope.distributed.context_parallel import apply_context_parallel
-
-                self.context = apply_context_parallel(
-                    workload, self.plan.cp, self.plan.coordinates()["cp"], device
-                )
-                return self.context.workload
-            if self.plan.ep > 1:
-                from vramscope.distributed.expert_parallel import apply_expert_parallel
-
-                self.experts = apply_expert_parallel(
-                    workload, self.plan.ep, self.plan.ep_rank, self.plan.imbalance, device
-                )
-                return self.experts.workload
+            if self.plan.cp > 1 or self.plan.ep > 1:
+                return self._context_or_experts(workload, device)
             self.applied = apply_plan(workload, self.plan, device, pin_memory=False)
             self._name_groups(self.applied.workload.model)
             return self.applied.workload
 
         build.__qualname__ = getattr(builder, "__qualname__", "build")
         return build
+
+    def _context_or_experts(self, workload: Workload, device: torch.device) -> Workload:
+        """Context or expert parallel on the job's mesh (:func:`device_mesh`: ``dp × cp``, or
+        ``dp_mod_ep × ep``), then FSDP2 over the data-parallel ranks (the rank's experts
+        over ``dp_mod_ep`` first); DDP later, while the trace records (:meth:`setup`)."""
+        from vramscope.distributed.sharding import device_mesh
+
+        plan = self.plan
+        mesh = device_mesh(plan, device.type)
+        experts = None
+        if plan.cp > 1:
+            from vramscope.distributed.context_parallel import apply_context_parallel
+
+            self.context = apply_context_parallel(
+                workload, plan.cp, plan.coordinates()["cp"], device, mesh=mesh["cp"]
+            )
+            workload = self.context.workload
+        else:
+            from vramscope.distributed.expert_parallel import apply_expert_parallel
+
+            self.experts = apply_expert_parallel(
+                workload,
+                plan.ep,
+                plan.ep_rank,
+                plan.imbalance,
+                device,
+                group=mesh["ep"].get_group(),
+            )
+            workload = self.experts.workload
+            experts = self.experts.local_modules()
+        if not plan.sharded:
+            return workload
+        self.applied = apply_plan(
+            workload, plan, device, pin_memory=False, mesh=mesh, experts=experts
+        )
+        self._name_groups(self.applied.workload.model)
+        if self.experts is not None:
+            self.experts.workload = self.applied.workload
+        else:
+            self.context.workload = self.applied.workload
+        return self.applied.workload
 
     def _stage(self, workload: Workload, device: torch.device) -> Workload:
         """This rank's pipeline stages cut from the built workload, then tensor parallel
@@ -526,11 +560,10 @@ class RankTracer:
 
             # after the trace's own attention kernels: torch's patch goes around them
             self._inside.enter_context(ring_attention(self.context.mesh))
-            return workload
         if self.experts is not None:
             self.experts.recorder = recorder
-            return workload
-        if self.plan.sharded or self.plan.tensor_parallel:
+        plan = self.plan
+        if plan.sharded or plan.tensor_parallel or plan.strategy == NO_DATA_PARALLEL:
             return workload
         from vramscope.estimate.model_state import _force_foreach
 
@@ -802,7 +835,7 @@ def rank_loads(tracer: RankTracer) -> dict[str, Any]:
             st = _storage(t)
             if st is not None:
                 state_bytes += -(-st.nbytes() // 512) * 512  # the allocator's blocks
-    slot = _dp_slot(plan, plan.dp_rank)
+    slot = _dp_slot(plan, plan.shard_index())
     traced = dp_loads[slot]
     heaviest = max(range(len(dp_loads)), key=lambda k: (dp_loads[k], -k))
     lightest = min(range(len(dp_loads)), key=lambda k: (dp_loads[k], k))
@@ -811,8 +844,8 @@ def rank_loads(tracer: RankTracer) -> dict[str, Any]:
     found.update(
         differ=dp_loads[heaviest] != dp_loads[lightest],
         by=by,
-        heaviest_rank=plan.rank_at(dp=heaviest, tp=plan.tp_rank),
-        lightest_rank=plan.rank_at(dp=lightest, tp=plan.tp_rank),
+        heaviest_rank=plan.rank_at(dp=heaviest // plan.cp, cp=heaviest % plan.cp, tp=plan.tp_rank),
+        lightest_rank=plan.rank_at(dp=lightest // plan.cp, cp=lightest % plan.cp, tp=plan.tp_rank),
         optimizer_elements={"heaviest": dp_loads[heaviest], "lightest": dp_loads[lightest]},
         optimizer_state_bytes={
             "traced": state_bytes,
@@ -832,7 +865,9 @@ _ZERO_BY = "ZeroRedundancyOptimizer gives whole parameters to ranks, largest fir
 
 def _dp_slot(plan: ParallelPlan, dp_rank: int) -> int:
     """Which share of the model state a data-parallel rank holds: its index in the shard
-    group (FSDP, HSDP, ZeRO-2), its rank (ZeRO-1), or 0 (every rank alike)."""
+    group (FSDP, HSDP, ZeRO-2), its rank (ZeRO-1), or 0 (every rank alike). With context
+    parallel ``dp_rank`` is the rank's index in the flattened ``dp × cp``
+    (:meth:`ParallelPlan.shard_index`)."""
     if plan.sharded:
         return dp_rank % plan.shard_group_size
     if plan.strategy == "zero1":
@@ -850,7 +885,9 @@ def _dp_loads(
     if applied.zero is not None:
         parts = applied.zero._partition_parameters()
         return [sum(p.numel() for g in groups for p in g["params"]) for groups in parts], _ZERO_BY
-    if not plan.sharded:
+    if not plan.sharded or plan.ep > 1:
+        # expert parallel: the experts sharded over dp_mod_ep, the rest over dp; ranks
+        # taken as alike (whole shares)
         return None, ""
     if layout is not None:
         shapes = list(layout.local_shapes(coordinate))
@@ -886,7 +923,7 @@ def _roles(
         coords = plan.coordinates(rank)
         cls = class_of[coords["tp"]]
         loads = loads_by_class[cls][0]
-        load = loads[_dp_slot(plan, coords["dp"])] if loads is not None else 0
+        load = loads[_dp_slot(plan, plan.shard_index(rank))] if loads is not None else 0
         members.setdefault((cls, load), []).append(rank)
         dp_of.setdefault((cls, load), set()).add(coords["dp"])
     roles = []
