@@ -7,24 +7,17 @@ batch 1 to 64, float32 and bfloat16, channels-first and channels-last
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
+from sweep_data import DTYPES
+from sweep_data import recorded as recorded_in
 from vramscope.estimate.kernels import _depthwise_channels_last_backward_bytes
 from vramscope.estimate.profiles import get_profile
 
-DATA = Path(__file__).parent / "data" / "conv_workspace_sweep_h200.json.gz"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
 
 def recorded(kind: str) -> list[dict]:
-    document = json.loads(gzip.decompress(DATA.read_bytes()))
-    assert document["gpu"] == "NVIDIA H200" and document["cudnn"] == 91900
-    return [row for row in document["rows"] if row.get("kind") == kind]
+    return recorded_in("conv_workspace_sweep_h200.json.gz", kind)
 
 
 def predicted(row: dict) -> int:

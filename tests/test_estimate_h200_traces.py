@@ -119,16 +119,15 @@ def test_convolution_workspaces_follow_the_transpose_rule():
     assert total > 200 and close >= 0.95 * total and exact >= 0.85 * total
 
 
-def test_silu_backward_runs_as_one_kernel_on_the_emulated_gpu():
-    """A CPU-only torch has no CUDA kernel for silu_backward and would run its formula
-    (sigmoid, sub, add, three muls); the estimate must see the single kernel the GPU runs."""
+def _ops_traced_through(layer: torch.nn.Module) -> set[str]:
+    """The ops a one-step trace of ``Linear(64, 64) -> layer -> Linear(64, 1)`` runs."""
     import vramscope
     from vramscope.estimate import trace as tracing
     from vramscope.estimate.profiles import get_profile
     from vramscope.workload import resolve
 
     def build(batch_size: int, device: torch.device) -> vramscope.Workload:
-        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.SiLU(), torch.nn.Linear(64, 1))
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), layer, torch.nn.Linear(64, 1))
         m = m.to(device)
         return vramscope.Workload(
             model=m,
@@ -138,7 +137,13 @@ def test_silu_backward_runs_as_one_kernel_on_the_emulated_gpu():
         )
 
     trace = tracing.trace_workload(resolve(build), 32, get_profile("h200"), steps=1)
-    ops = {b.op for b in trace.blocks.values()}
+    return {b.op for b in trace.blocks.values()}
+
+
+def test_silu_backward_runs_as_one_kernel_on_the_emulated_gpu():
+    """A CPU-only torch has no CUDA kernel for silu_backward and would run its formula
+    (sigmoid, sub, add, three muls); the estimate must see the single kernel the GPU runs."""
+    ops = _ops_traced_through(torch.nn.SiLU())
     assert "silu_backward.default" in ops
     assert "sigmoid.default" not in ops
 
@@ -148,27 +153,9 @@ def test_rms_norm_runs_as_one_kernel_on_the_emulated_gpu():
     (its output and the float32 reciprocal RMS) and a CPU-only build as its formula (pow,
     mean, rsqrt and two muls: one more activation of the input's size kept for backward):
     the estimate of a CPU-only torch must see the GPU's kernel, forward and backward."""
-    import vramscope
-    from vramscope.estimate import trace as tracing
-    from vramscope.estimate.profiles import get_profile
-    from vramscope.workload import resolve
-
     if not hasattr(torch.ops.aten, "_fused_rms_norm"):
         pytest.skip("this torch has no _fused_rms_norm")
-
-    def build(batch_size: int, device: torch.device) -> vramscope.Workload:
-        m = torch.nn.Sequential(
-            torch.nn.Linear(64, 64), torch.nn.RMSNorm(64), torch.nn.Linear(64, 1)
-        ).to(device)
-        return vramscope.Workload(
-            model=m,
-            optimizer=torch.optim.SGD(m.parameters()),
-            batch=lambda: torch.randn(batch_size, 64, device=device),
-            loss=lambda model, x: model(x).sum(),
-        )
-
-    trace = tracing.trace_workload(resolve(build), 32, get_profile("h200"), steps=1)
-    ops = {b.op for b in trace.blocks.values()}
+    ops = _ops_traced_through(torch.nn.RMSNorm(64))
     assert "_fused_rms_norm.default" in ops
     assert "_fused_rms_norm_backward.default" in ops
     assert "rsqrt.default" not in ops and "pow.Tensor_Scalar" not in ops

@@ -6,23 +6,12 @@ bfloat16 (``tests/gpu/record_workspace_sweep_2.py``, kept in
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
-
 import torch
 
+from sweep_data import DTYPES, recorded
 from vramscope.estimate.kernels import _conv_transform_bytes
 
-DATA = Path(__file__).parent / "data" / "workspace_sweep_2_h200.json.gz"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 MIB = 2**20
-
-
-def recorded(kind: str) -> list[dict]:
-    document = json.loads(gzip.decompress(DATA.read_bytes()))
-    assert document["gpu"] == "NVIDIA H200" and document["cudnn"] == 91900
-    return [row for row in document["rows"] if row.get("kind") == kind]
 
 
 def predicted(row: dict) -> int:
@@ -35,7 +24,7 @@ def predicted(row: dict) -> int:
 
 
 def test_wide_float32_pointwise_forwards_transpose_input_and_output():
-    rows = recorded("pw")
+    rows = recorded("workspace_sweep_2_h200.json.gz", "pw")
     assert len(rows) == 505
     wide = [row for row in rows if predicted(row) > 0]
     assert len(wide) == 13  # (some shapes recorded twice)
@@ -52,7 +41,7 @@ def test_the_rest_take_none_or_little():
     """The forwards the rule leaves at zero: none in 445 of 492; the largest left out, under
     60 MiB: input + output of a few narrowing layers (2,048 to 64 or 128 channels over 60x60)
     and of small bfloat16 ones (not modelled)."""
-    rest = [row for row in recorded("pw") if predicted(row) == 0]
+    rest = [row for row in recorded("workspace_sweep_2_h200.json.gz", "pw") if predicted(row) == 0]
     assert len(rest) == 492
     assert sum(row["extra"] < 2**16 for row in rest) >= 445
     assert max(row["extra"] for row in rest) <= 60 * MIB

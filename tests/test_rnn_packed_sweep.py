@@ -7,21 +7,17 @@ every allocation and free of the second step's forward, in order."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import statistics
-from pathlib import Path
 
+from sweep_data import recorded as recorded_in
 from vramscope.estimate.rnn import MODES, cudnn_sizes
 
-DATA = Path(__file__).parent / "data" / "workspace_sweep_2_h200.json.gz"
 ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 def recorded() -> list[dict]:
-    document = json.loads(gzip.decompress(DATA.read_bytes()))
-    assert document["gpu"] == "NVIDIA H200" and document["cudnn"] == 91900
-    return [row for row in document["rows"] if row.get("kind") == "rnn" and row["forward"]]
+    rows = recorded_in("workspace_sweep_2_h200.json.gz", "rnn")
+    return [row for row in rows if row["forward"]]
 
 
 def sizes(row: dict) -> dict[str, int]:
