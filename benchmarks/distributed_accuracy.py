@@ -253,7 +253,9 @@ def rank_job(args: argparse.Namespace) -> int:
                 device,
                 group=mesh["ep"].get_group(),
             )
-            workload = applied.workload
+            # the layers' calls keep `applied`, which must not keep the optimizer it made:
+            # over the rank's parameters before sharding, it held them all besides the shards
+            workload, applied.workload = applied.workload, None
             experts = applied.local_modules()
             del applied
         if plan.strategy != "none":
@@ -274,17 +276,31 @@ def rank_job(args: argparse.Namespace) -> int:
         runner()
         if after_step is not None:
             after_step()
-    own = {"rank": rank, "world_size": world}
+    write_own_peaks(args, rank, world, device)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def write_own_peaks(args: argparse.Namespace, rank: int, world: int, device) -> None:
+    """This rank's own peaks (and the ops the staging carried) for the parent; with
+    VRAMSCOPE_BENCH_SEGMENTS=1 also the allocator's segments at the end (pool, size: the job
+    frees none, so they are those of its highest reserved), to see where reserved differs."""
+    import torch
+
+    own: dict = {"rank": rank, "world_size": world}
     if args.staged:
         own["staged_calls"] = dict(sys.modules["staged_gloo"].COUNTS)
     if device.type == "cuda":
         torch.cuda.synchronize()
         own["max_memory_allocated"] = torch.cuda.max_memory_allocated()
         own["max_memory_reserved"] = torch.cuda.max_memory_reserved()
+        if os.environ.get("VRAMSCOPE_BENCH_SEGMENTS") == "1":
+            own["segments"] = sorted(
+                (seg["segment_type"], seg["total_size"], seg["allocated_size"])
+                for seg in torch.cuda.memory_snapshot()
+            )
     Path(args.own_peaks, f"rank-{rank}.json").write_text(json.dumps(own))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
 
 
 def context_parallel_workload(workload, cp: int, device, mesh=None):
@@ -372,14 +388,7 @@ def pipeline_rank_job(args: argparse.Namespace, plan, holder: list, device) -> i
             schedule.step()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    own = {"rank": rank, "world_size": plan.world_size}
-    if args.staged:
-        own["staged_calls"] = dict(sys.modules["staged_gloo"].COUNTS)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        own["max_memory_allocated"] = torch.cuda.max_memory_allocated()
-        own["max_memory_reserved"] = torch.cuda.max_memory_reserved()
-    Path(args.own_peaks, f"rank-{rank}.json").write_text(json.dumps(own))
+    write_own_peaks(args, rank, plan.world_size, device)
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -447,8 +456,9 @@ def measure(name: str, case: tuple, steps: int, workdir: Path, device: str) -> d
             "own_max_memory_allocated": own.get("max_memory_allocated"),
             "own_max_memory_reserved": own.get("max_memory_reserved"),
         }
-        if "staged_calls" in own:  # the ops the staging carried, by name
-            ranks[r]["staged_calls"] = own["staged_calls"]
+        for key in ("staged_calls", "segments"):  # the ops the staging carried, by name
+            if key in own:
+                ranks[r][key] = own[key]
     return {"ranks": ranks, "seconds": round(time.perf_counter() - started, 1)}
 
 

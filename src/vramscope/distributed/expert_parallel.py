@@ -114,7 +114,10 @@ def received_rows(rows: int, ep: int, imbalance: float) -> int:
 
 @dataclass
 class ExpertsApplied:
-    """What making a workload expert parallel made, and what its exchanges moved."""
+    """What making a workload expert parallel made, and what its exchanges moved. The
+    layers' calls keep this object for their exchanges: a caller that applies a strategy
+    over ``workload`` afterwards (FSDP2 makes the optimizer again) replaces or clears
+    ``workload``, whose optimizer otherwise keeps the rank's unsharded parameters alive."""
 
     workload: Any
     layers: list[ExpertLayer]
