@@ -224,7 +224,11 @@ def rank_job(args: argparse.Namespace) -> int:
     torch.manual_seed(rank)
     settings = json.loads(args.settings)
     plan = ParallelPlan(args.strategy, world, rank=rank, **settings).check()
-    workload = resolve(args.workload).build(args.batch_size, device)
+    # a pipeline job builds the model off the GPU and moves only its stage there, as a real
+    # one does (torchtitan builds on the meta device): the stage's parameters lie in the
+    # allocator's segments as its own, not in those of a whole model whose rest was dropped
+    build_on = torch.device("cpu") if plan.pipeline else device
+    workload = resolve(args.workload).build(args.batch_size, build_on)
     workload = workload.with_overrides(precision=args.precision)
     if plan.pipeline:
         # handed over in a holder, so that no frame of this function keeps the whole model
@@ -362,13 +366,11 @@ def pipeline_rank_job(args: argparse.Namespace, plan, holder: list, device) -> i
     chain = [model.get_submodule(n) for n in layout.before] if first else []
     chain += [model.get_submodule(layout.block_names[i]) for i in span]
     chain += [model.get_submodule(n) for n in layout.after] if last else []
-    stage_module = torch.nn.Sequential(*chain)
+    stage_module = torch.nn.Sequential(*chain).to(device)  # built on the CPU: only the stage
     seq, vocab = model.seq, model.embed_tokens.num_embeddings  # example:llama's
     del model, chain
     optimizer = type(workload.optimizer)(stage_module.parameters(), lr=1e-3)
     workload = None  # the whole model's optimizer
-    if device.type == "cuda":
-        torch.cuda.empty_cache()  # the other stages' modules, built here and dropped
     micro, m = args.batch_size, plan.microbatch_count
     stage = PipelineStage(stage_module, rank, plan.pp, device)
     classes = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}

@@ -574,6 +574,18 @@ def apply_pipeline(
 # ---- the step ------------------------------------------------------------------------------
 
 
+def metadata_inference() -> str | None:
+    """How this torch's ``PipelineStage`` learns its shapes at the first step: ``"no_grad"``
+    (torch 2.11's ``_shape_inference``: a forward under no_grad), ``"grad"`` (the forward and
+    backward metadata inference of newer torch), or None (neither is there)."""
+    from torch.distributed.pipelining import stage as torch_stage
+
+    base = getattr(torch_stage, "PipelineStage", None)
+    if hasattr(base, "_forward_metadata_inference"):
+        return "grad"
+    return "no_grad" if hasattr(base, "_shape_inference") else None
+
+
 class PipelineStep:
     """One training step of a pipeline rank, as torch's ``PipelineStage`` and schedule run
     it (see the module's docstring): the rank's forwards and backwards in the schedule's
@@ -602,6 +614,11 @@ class PipelineStep:
         # receives its share of the sequence, as its blocks hold the activations
         self.sequence_shard: tuple[int, int] | None = None
         self._sequence_length: int | None = None  # the whole sequence, with sequence_shard
+        # torch's metadata inference before the first micro-batch (_infer_metadata):
+        # None outside it, else "no_grad" (torch 2.11's shape inference) or "grad"
+        self._inferring: str | None = None
+        self._inferred = False
+        self._inference_inputs: dict[int, torch.Tensor] = {}
         model = workload.model
         for stage in layout.stages:
             span = layout.blocks[stage]
@@ -630,16 +647,18 @@ class PipelineStep:
                 chunk = -(-size // ranks)  # torch.chunk's share, the last ranks smaller
                 start = min(size, index * chunk)
                 incoming = incoming.narrow(1, start, max(0, min(chunk, size - start)))
-            buffers = self.recv.get(stage)
-            if buffers is None:  # torch makes them at the first step, one per micro-batch
-                buffers = [
-                    torch.empty_like(incoming, memory_format=torch.contiguous_format)
-                    for _ in range(self.layout.microbatches)
-                ]
-                self.recv[stage] = buffers
-                self.recv_bytes += sum(_bytes(b) for b in buffers)
-                self._label(buffers)
-            buffer = buffers[self.microbatch].requires_grad_(True)
+            if self._inferring is not None:
+                # the metadata inference's input: zeros of the received shape (torch 2.11),
+                # or an empty tensor that requires grad (``TensorMeta.to_tensor``)
+                if self._inferring == "no_grad":
+                    buffer = torch.zeros_like(incoming, memory_format=torch.contiguous_format)
+                else:
+                    buffer = torch.empty_like(incoming, memory_format=torch.contiguous_format)
+                    buffer.requires_grad_(buffer.is_floating_point())
+                self._inference_inputs[stage] = buffer
+            else:
+                buffer = self._receive_buffers(stage, incoming)[self.microbatch]
+                buffer.requires_grad_(True)
             if args:
                 return (buffer, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": buffer}
@@ -680,6 +699,78 @@ class PipelineStep:
         if grad is not None:
             held.append(grad)
 
+    def _receive_buffers(self, stage: int, like: torch.Tensor) -> list[torch.Tensor]:
+        """The stage's receive buffers, one per micro-batch, made the first time."""
+        buffers = self.recv.get(stage)
+        if buffers is None:
+            buffers = [
+                torch.empty_like(like, memory_format=torch.contiguous_format)
+                for _ in range(self.layout.microbatches)
+            ]
+            self.recv[stage] = buffers
+            self.recv_bytes += sum(_bytes(b) for b in buffers)
+            self._label(buffers)
+        return buffers
+
+    def _gradient_buffers(self, stage: int, like: torch.Tensor) -> list[torch.Tensor]:
+        """The stage's buffers for the gradients coming back, one per micro-batch."""
+        grads = self.grad_recv.get(stage)
+        if grads is None:
+            grads = [torch.empty_like(like) for _ in range(self.layout.microbatches)]
+            self.grad_recv[stage] = grads
+            self.grad_recv_bytes += sum(_bytes(g) for g in grads)
+            self._label(grads)
+        return grads
+
+    def _infer_metadata(self) -> None:
+        """What torch's schedule does at its first step before any micro-batch: each stage
+        learns its shapes by running itself once on real tensors of the device.
+
+        * torch 2.11 (``PipelineStage._shape_inference``): the stage's forward under
+          ``no_grad`` on zeros of the received activation's shape (the first stage: the first
+          micro-batch), its output dropped; then the receive buffers.
+        * newer torch (``_forward_metadata_inference`` and ``_backward_metadata_inference``):
+          the forward with grad enabled on an empty input that requires grad, the receive
+          buffers made while its graph lives, then, stage by stage from the last, the input's
+          gradient by ``autograd.grad`` (the last stage from its loss, the others from ones
+          of their output's shape) and the buffers of the gradients coming back; everything
+          dropped after. With data parallel inside the stage the forward alone is run.
+
+        The blocks it leaves behind shape the allocator's segments (reserved memory); its
+        own peak is that of one micro-batch before any gradient or optimizer state exists."""
+        kind = metadata_inference()
+        if kind is None:
+            return  # a torch whose stages are given their shapes: nothing runs
+        newer = kind == "grad"
+        grad = newer and self.fsdp is None and self.ddp is None
+        self._inferring = "grad" if grad else "no_grad"
+        outputs: dict[int, Any] = {}
+        try:
+            for stage in self.layout.stages:
+                with torch.enable_grad() if grad else torch.no_grad():
+                    outputs[stage] = self._forward(stage, 0)
+                incoming = self._inference_inputs.get(stage)
+                if newer and incoming is not None:
+                    self._receive_buffers(stage, incoming)
+            if grad:
+                for stage in reversed(self.layout.stages):
+                    out, incoming = outputs.pop(stage), self._inference_inputs.get(stage)
+                    if not isinstance(out, torch.Tensor) or not out.requires_grad:
+                        continue
+                    if incoming is not None and incoming.requires_grad:
+                        ones = None if self.layout.last(stage) else torch.ones_like(out)
+                        torch.autograd.grad(out, [incoming], ones, allow_unused=True)
+                        del ones
+                    if not self.layout.last(stage):
+                        self._gradient_buffers(stage, out)
+                    del out, incoming
+        finally:
+            self._inferring = None
+            self.output = None
+            outputs.clear()
+            self._inference_inputs.clear()
+            self.last_outputs.clear()
+
     def _label(self, buffers: list[torch.Tensor]) -> None:
         """The receive buffers are the stage's communication buffers, kept across steps
         (category other, as DDP's buckets)."""
@@ -715,18 +806,31 @@ class PipelineStep:
         if not first and self.recorder is not None:
             self.recorder.paused += 1  # the earlier stages' work, until the stage's first block
         outputs: list[Any] = []
-        handle = (
-            w.model.register_forward_hook(lambda _m, _a, out: outputs.append(out)) if last else None
-        )
+        # torch 2.11's shape inference runs the last stage's modules, not its loss
+        shapes_only = last and self._inferring == "no_grad" and self.recorder is not None
+
+        def returned(_m: Any, _a: Any, out: Any) -> None:
+            outputs.append(out)
+            if shapes_only:
+                self.recorder.paused += 1
+
+        handle = w.model.register_forward_hook(returned) if last else None
         try:
             with self._runner._context():
                 loss = w.loss(w.model, *args, **kwargs)
         finally:
             if handle is not None:
                 handle.remove()
+            if shapes_only and outputs:
+                self.recorder.paused -= 1
             if not last and self.recorder is not None:
                 self.recorder.paused -= 1
             self.active = None
+        if self._inferring is not None:
+            if last:
+                del outputs
+                return loss if self._inferring == "grad" else None
+            return _first_tensor(self.output)
         if last:
             # the stage's output (the logits) stays in torch's fwd_cache beside the loss
             # computed from it, until the micro-batch's backward has run
@@ -740,12 +844,7 @@ class PipelineStep:
                 f"--pp: block {self.layout.blocks[stage].stop - 1} returned no tensor to send "
                 "to the next stage"
             )
-        grads = self.grad_recv.get(stage)
-        if grads is None:  # torch makes them at the first step, one per micro-batch
-            grads = [torch.empty_like(output) for _ in range(self.layout.microbatches)]
-            self.grad_recv[stage] = grads
-            self.grad_recv_bytes += sum(_bytes(g) for g in grads)
-            self._label(grads)
+        self._gradient_buffers(stage, output)  # torch makes them at the first step
         return output
 
     def __call__(self) -> None:
@@ -762,6 +861,9 @@ class PipelineStep:
                     "no loss for its GradScaler to scale, and GradScaler refuses to step; use "
                     "bf16-mixed"
                 )
+        if not self._inferred:
+            self._inferred = True
+            self._infer_metadata()
         cache: dict[tuple[int, int], Any] = {}
         order = self.layout.traced or self.layout.order
         last_backward = {a.stage: i for i, a in enumerate(order) if a.kind == "B"}
