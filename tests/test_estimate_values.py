@@ -83,6 +83,48 @@ def confident_tokens(batch_size, device):
     return vramscope.Workload(model=model, batch=lambda: (torch.randn(batch_size, 1024,
                               device=device),), loss=infer)
 
+class LayerDrop(torch.nn.Module):
+    '''Layers skipped at random in training, as transformers' speech encoders write
+    LayerDrop: ``torch.rand([]) < layerdrop`` skips the layer.'''
+    def __init__(self, layerdrop, draw="rand"):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(1024, 1024) for _ in range(4))
+        self.head = torch.nn.Linear(1024, 16)
+        self.layerdrop, self.draw = layerdrop, draw
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.draw == "rand":
+                p = torch.rand([])
+            elif self.draw == "rand_like":
+                p = torch.rand_like(x[0, 0])
+            else:
+                p = torch.empty(()).uniform_(0.0, 1.0)
+            if self.training and p < self.layerdrop:
+                continue
+            x = torch.relu(layer(x))
+        return self.head(x)
+
+def _layer_drop(batch_size, device, layerdrop, draw="rand"):
+    model = LayerDrop(layerdrop, draw).to(device)
+    return _workload(model, lambda: (torch.randn(batch_size, 1024, device=device),),
+                     lambda m, x: m(x).square().mean())
+
+def layer_drop(batch_size, device):
+    return _layer_drop(batch_size, device, 0.5)
+
+def layer_drop_like(batch_size, device):
+    return _layer_drop(batch_size, device, 0.5, "rand_like")
+
+def layer_drop_uniform(batch_size, device):
+    return _layer_drop(batch_size, device, 0.5, "uniform_")
+
+def every_layer(batch_size, device):
+    return _layer_drop(batch_size, device, 0.0)
+
+def no_layer(batch_size, device):
+    return _layer_drop(batch_size, device, 1.0)
+
 def counts_of_unknown_values(batch_size, device):
     model = torch.nn.Linear(64, 64).to(device)
     def loss(m, x):
@@ -171,3 +213,17 @@ def test_a_size_without_any_bound_names_the_op_its_line_and_what_to_do(workloads
     with pytest.raises(VramscopeError, match=r"bincount at value_workloads\.py:\d+") as info:
         estimate(f"{workloads}:counts_of_unknown_values", 4)
     assert "minlength" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_layers_dropped_at_random_all_run_in_the_estimate(workloads):
+    """LayerDrop's draw (``torch.rand([]) < p`` skips a layer) is read as the top of its
+    range: every layer runs in every traced step, as in the steps that set a run's peak,
+    instead of a trace that skips layers at random (half of them here, at p = 0.5)."""
+    every = estimate(f"{workloads}:every_layer", 512).peak.allocated_bytes
+    none = estimate(f"{workloads}:no_layer", 512).peak.allocated_bytes
+    # each of the 4 layers keeps its (512, 1024) float32 output for backward: 2 MiB each
+    assert every - none >= 4 * 512 * 1024 * 4
+    for name in ("layer_drop", "layer_drop_like", "layer_drop_uniform"):
+        report = estimate(f"{workloads}:{name}", 512)
+        assert report.peak.allocated_bytes == every, name
+        assert report.extra["estimate"].get("assumptions") is None

@@ -334,6 +334,8 @@ class DataDependentValues(FakeTensorMode):
             if isinstance(real, (tuple, list))
             else ()
         )
+        if name in _UNIFORM_DRAWS:
+            _top_of_range(func, args, kwargs, reals)
         for fake, value in zip(outs, reals, strict=False):
             if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
                 with contextlib.suppress(TypeError):
@@ -604,8 +606,32 @@ _SELECTED_BY_VALUE = frozenset(
 # dtype): their small outputs get values even when the input has none (HF's CTC models make
 # an attention mask with ones_like of the audio when none is given)
 _VALUE_FREE = frozenset(
-    ("ones_like", "zeros_like", "full_like", "new_ones", "new_zeros", "new_full")
+    ("ones_like", "zeros_like", "full_like", "new_ones", "new_zeros", "new_full", "rand_like")
 )
+
+# Uniform random draws. A draw that Python reads decides control flow, and a trace of a few
+# steps would take one branch at random where a run of many steps takes both: LayerDrop
+# (``torch.rand([]) < layerdrop``: skip the layer; every use in transformers is written so,
+# ``> layerdrop`` where it means run it) skipped a layer in some estimates of a model and not
+# in others. Their values are read as the top of the range, so that ``draw < p`` is false:
+# every layer runs, the step that sets a run's peak.
+_UNIFORM_DRAWS = frozenset(("rand", "rand_like", "uniform", "uniform_"))
+
+
+def _top_of_range(func: Any, args: Any, kwargs: Any, reals: tuple[Any, ...]) -> None:
+    """Set the real values of a uniform draw to the largest value below the top of its
+    range (``[0, 1)``, or uniform's ``[from, to)``), in the draw's dtype."""
+    low, high = 0.0, 1.0
+    if op_name(func).startswith("uniform"):
+        low = float(_named_arg(func, args, kwargs, "from"))
+        high = float(_named_arg(func, args, kwargs, "to"))
+    for value in reals:
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+            continue
+        with no_dispatch():
+            top = torch.tensor(high, dtype=value.dtype)
+            below = torch.nextafter(top, torch.tensor(low, dtype=value.dtype))
+            value.fill_(max(float(below), low))
 
 
 def _value_free_args(name: str, args: Any) -> tuple[Any, ...] | None:
