@@ -46,9 +46,7 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   (nor, not recorded, for grouped ones in half precision), for channels-last inputs, for a
   1x1 stride-1 convolution over at least 14x14 positions (run as a GEMM), nor for a 3x3 or
   smaller kernel over at most 4 input channels (an image's first layer); a larger kernel on
-  such an input takes input and output (bf16/fp16 pad the channels to 8); a float32 patch
-  embedding's weight gradient also pads the input to 4 channels and keeps about 20 MiB of
-  split-K partial sums (:func:`_patch_weight_gradient_bytes`). A float32 forward
+  such an input takes input and output (bf16/fp16 pad the channels to 8). A float32 forward
   convolution that widens at most 64 input channels (ResNet-18's and the example CNN's
   downsampling 3x3 convolutions, VGG-16's 64 to 128) writes its output directly: input and
   weight only; a 1x1 weight needs no transpose (its NCHW and NHWC layouts are the same), and
@@ -968,25 +966,20 @@ def _conv_backward_workspaces(
             size, "temporary", "cuDNN convolution backward (data) workspace", (key, (0,)), later
         )
     if mask[1] and isinstance(out[1], torch.Tensor):
-        patches = _patch_weight_gradient_bytes(x, out[1], grad_out, stride, groups, transposed)
+        size = _conv_transform_bytes(
+            x,
+            out[1],
+            grad_out,
+            stride,
+            groups,
+            transposed,
+            gemm_from=28 * 28,
+            gradient="weight",
+            swept=swept,
+        )
         ladder: tuple[int, ...] = (0,)
-        if patches:
-            size = patches[0] + patches[1]
-            ladder = (patches[0] + 3 * _padded_weight_bytes(out[1]), 0)
-        else:
-            size = _conv_transform_bytes(
-                x,
-                out[1],
-                grad_out,
-                stride,
-                groups,
-                transposed,
-                gemm_from=28 * 28,
-                gradient="weight",
-                swept=swept,
-            )
-        if not patches and size and x.dim() == 4 and not transposed:
-            # (3-D: 0 to 3.4 MiB recorded, not modelled) the engine tried next splits K in 3 (recorded under a cap: 56.0 MiB for the
+        if size and x.dim() == 4 and not transposed:  # (3-D: 0 to 3.4 MiB recorded, not modelled)
+            # the engine tried next splits K in 3 (recorded under a cap: 56.0 MiB for the
             # example CNN's 128-channel 3x3 layer at batch 215, where 14 slices took 62.2)
             ladder = (size + 3 * out[1].numel() * 4, 0)
             floor = _PARTIALS_FLOOR * (2 if any(int(s) > 1 for s in stride) else 1)
@@ -998,49 +991,6 @@ def _conv_backward_workspaces(
         recorder.transient(
             size, "temporary", "cuDNN convolution backward (weight) workspace", (key, ladder)
         )
-
-
-# the float32 split-K partial sums of a patch embedding's weight gradient: whole slices of the
-# weight (padded to 4 channels) up to about this many bytes (recorded on an H200, cuDNN 9.19:
-# 77 slices of 256 KiB for a 64x3x16x16 weight in float32, 19.25 MiB; 7 of 3 MiB for a
-# 768x3x16x16 one in bfloat16, 21 MiB)
-_PATCH_PARTIALS = 20 * MiB
-
-
-def _padded_weight_bytes(w: Any) -> int:
-    """One float32 slice of a weight over at most 4 channels, padded to 4 (the engines of an
-    image's first layer pad its channels so: recorded for 3-channel 7x7 and 16x16 weights)."""
-    return int(w.shape[0]) * 4 * math.prod(int(n) for n in w.shape[2:]) * 4
-
-
-def _patch_weight_gradient_bytes(
-    x: Any, w: Any, grad_out: Any, stride: Any, groups: int, transposed: bool
-) -> tuple[int, int] | None:
-    """The weight gradient of a patch embedding over an image (a 2-D kernel of 8x8 or more as
-    large as its stride, over at most 4 channels: ViT's 16x16), as recorded on an H200
-    (cuDNN 9.19, ``op_trace_h200_test_vit-ckpt-fp32`` and ``vit_b16-adamw-bf16``): one
-    workspace holding the output's gradient and the input transposed, its channels padded to
-    4 (8 in half precision), and float32 split-K partial sums of the weight
-    padded to 4 channels, whole slices up to about 20 MiB (:data:`_PATCH_PARTIALS`) -- tens
-    of slices for a small weight, so with few tokens it outweighs the operands. ``None``: not
-    such a convolution, or not float32 (see below). (A 4x4 patch took another engine, the
-    input only, recorded for NesT; not modelled.) Returns (operands, partial sums) in bytes."""
-    if transposed or groups != 1 or x.dim() != 4 or not isinstance(grad_out, torch.Tensor):
-        return None
-    if int(x.shape[1]) > 4 or not x.is_contiguous() or _channels_last_weight(w):
-        return None
-    if x.dtype != torch.float32:
-        # recorded in bfloat16 for ViT-B/16's 768 channels only (the rule held), but the
-        # zoo's bfloat16 ViT of 96 channels measured reserved memory as if it took far less
-        return None
-    kernel = [int(n) for n in w.shape[2:]]
-    if kernel != [int(s) for s in stride][-2:] or min(kernel) < 8:
-        return None
-    pad = 8 if x.dtype in HALF else 4
-    inputs = _round(x.numel() // int(x.shape[1]) * pad * x.element_size(), 512)
-    operands = inputs + _storage_bytes(grad_out) + _CUDNN_SLACK
-    piece = _padded_weight_bytes(w)
-    return operands, -(-_PATCH_PARTIALS // piece) * piece
 
 
 def _depthwise_channels_last_backward_bytes(
