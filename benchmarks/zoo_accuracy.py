@@ -28,6 +28,8 @@ import argparse
 import datetime
 import json
 import math
+import os
+import platform
 import statistics
 import sys
 import threading
@@ -401,11 +403,12 @@ def main() -> int:
     parser.add_argument("--measured", default=str(RESULTS / "zoo_measured_h200.json"))
     parser.add_argument("--out", default=str(RESULTS / "zoo_accuracy_h200.json"))
     parser.add_argument("--reestimate", nargs="*", default=[])
+    parser.add_argument(
+        "--why", help="with --reestimate: what changed, kept in the estimates' record"
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
-
-    import os
 
     os.chdir(ROOT)
     estimates_path = Path(args.estimates)
@@ -430,14 +433,21 @@ def main() -> int:
         chosen = [r for r in estimates["rows"] if r["id"] in chosen_ids]
         print(f"re-estimating {len(chosen)} workloads", flush=True)
         started = time.perf_counter()
-        note = estimates.setdefault("meta", {})["reestimated"] = {
-            "date": datetime.date.today().isoformat(),
+        # each re-estimate is one more part of the record of how the rows were estimated
+        record = estimates.setdefault("meta", {}).setdefault("reestimated", {})
+        parts = record.setdefault("parts", [])
+        note = {
             "workloads": len(chosen),
+            "which": args.why or ", ".join(sorted(chosen_ids)),
+            "date": datetime.date.today().isoformat(),
             "seconds": None,  # (None: the run was cut short)
             "cpus": os.cpu_count(),
             "jobs": args.jobs,
+            "machine": f"a {os.cpu_count()}-core {platform.machine()} CPU",
             "libraries": zoo.library_versions(),
         }
+        parts.append(note)
+        record["date"] = note["date"]
         reestimate(estimates, chosen, args.jobs, args.timeout, estimates_path)
         note["seconds"] = round(time.perf_counter() - started, 1)
         zoo.finish(estimates_path, estimates)

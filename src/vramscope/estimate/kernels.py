@@ -499,9 +499,13 @@ def after_op(
     if func is aten.convolution.default:
         if _on_cuda(args[0]) and profile.capability[0] >= 8:
             swept = profile.name in _SWEPT_GPUS
-            size = _conv_transform_bytes(
-                args[0], args[1], out, args[3], args[8], args[6], forward=True, swept=swept
-            )
+            recorded = _recorded_grouped_1d(args[0], args[1], args[3], args[4], args[5], args[8])
+            if swept and recorded is not None and not args[6]:
+                size = recorded[0]
+            else:
+                size = _conv_transform_bytes(
+                    args[0], args[1], out, args[3], args[8], args[6], forward=True, swept=swept
+                )
             smaller = _storage_bytes(args[0]) + _storage_bytes(args[1])
             ladder = (smaller, 0) if 0 < smaller < size else (0,)
             key = _plan_key("forward", args[0], args[1], args[3])
@@ -940,6 +944,62 @@ def _transform_operands(
     return _storage_bytes(x) + _storage_bytes(out) + _storage_bytes(w)
 
 
+_GROUPED_1D: dict[str, list[int]] | None = None
+_GROUPED_1D_LOCK = threading.Lock()
+
+
+def _recorded_grouped_1d(
+    x: Any, w: Any, stride: Any, padding: Any, dilation: Any, groups: int
+) -> tuple[int, int] | None:
+    """What a grouped 1-D convolution's forward and backward allocate beyond their tensors,
+    as recorded on an H200 (cuDNN 9.19) for this very shape, or None when it was not
+    recorded (``recorded/grouped_conv1d_h200.json.gz``, ``tests/gpu/
+    record_grouped_conv1d_sweep.py``: 1,944 convolutions, as many channels in as out, stride
+    1, padding kernel // 2, their input a (batch, time, channels) tensor's transpose as
+    speech models hand it over, or contiguous). cuDNN picks among engines whose workspaces
+    differ a thousandfold, and no rule of the shape tells which: 64 channels a group over 4 ×
+    49 positions took 1.04 GiB in the backward (data2vec-audio's positional convolution),
+    the same over 1 × 49 or 8 × 49 under 1 MiB. Outside the recorded grid the rules of
+    :func:`_conv_transform_bytes` apply."""
+    global _GROUPED_1D
+    if (
+        not isinstance(x, torch.Tensor)
+        or x.dim() != 3
+        or groups <= 1
+        or not isinstance(w, torch.Tensor)
+        or int(w.shape[0]) != int(x.shape[1])
+        or groups == int(x.shape[1])
+    ):
+        return None
+    k = int(w.shape[2])
+    if [int(n) for n in stride] != [1] or [int(n) for n in dilation] != [1]:
+        return None
+    if [int(n) for n in padding] != [k // 2]:
+        return None
+    b, c, length = (int(n) for n in x.shape)
+    if x.is_contiguous():
+        layout = "contiguous"
+    elif tuple(x.stride()) == (length * c, 1, c):
+        layout = "transposed"
+    else:
+        return None
+    if _GROUPED_1D is None:
+        with _GROUPED_1D_LOCK:
+            if _GROUPED_1D is None:
+                import gzip
+                import json
+                from importlib import resources
+
+                path = (
+                    resources.files("vramscope.estimate") / "recorded/grouped_conv1d_h200.json.gz"
+                )
+                with path.open("rb") as raw, gzip.open(raw, "rt") as f:
+                    _GROUPED_1D = json.load(f)["rows"]
+    dtype = str(x.dtype).split(".")[-1]
+    row = _GROUPED_1D.get(f"{layout},{b},{c},{length},{k},{groups},{dtype}")
+    return (int(row[0]), int(row[1])) if row is not None else None
+
+
 def _conv_backward_workspaces(
     recorder: Recorder, args: tuple[Any, ...], out: Any, swept: bool = False
 ) -> None:
@@ -949,6 +1009,14 @@ def _conv_backward_workspaces(
     grad_out, x, w = args[0], args[1], args[2]
     stride, transposed, groups, mask = args[4], args[7], args[9], args[10]
     if not isinstance(out, (tuple, list)):
+        return
+    recorded = _recorded_grouped_1d(x, w, stride, args[5], args[6], groups) if swept else None
+    if recorded is not None and not transposed:
+        # the whole backward's highest above its tensors, as recorded for this very shape
+        key = _plan_key("weight", x, w, stride)
+        recorder.transient(
+            recorded[1], "temporary", "cuDNN convolution backward workspace", (key, (0,))
+        )
         return
     # a gradient that is not laid out as the input (the output was permuted or flattened
     # after the convolution: ViT's and ConvNeXt's patch embeddings) is copied first and kept
