@@ -35,14 +35,25 @@ def test_there_are_traces():
 
 
 # where cudaMalloc did not place each new segment below the previous ones (the example CNN
-# in bf16: its 2 MiB segments went upwards), so only the recorded addresses give the peak
-UPWARDS = {"example-cnn-b128-bf16"}
+# in bf16, cpubone_nano in bf16, ConvNeXt's test model with checkpointing: one 2 MiB segment
+# each went elsewhere), so only the recorded addresses give the peak
+UPWARDS = {"example-cnn-b128-bf16", "cpubone_nano-bf16", "test_convnext-ckpt-fp32"}
 # traces whose replayed allocated peak is below the allocator's counter by a few blocks that
 # the history does not show (PVT-v2 with activation checkpointing: 224 KiB of 436 MiB)
 UNEXPLAINED = {"pvt_v2_b0-ckpt-fp32": 224 * 1024}
 # traces of models whose convolutions read permuted (channels-last) inputs: the recorded
 # shapes carry no strides, so a contiguous stand-in would take the NCHW engines' workspaces
-NOT_CONTIGUOUS = {"nest_tiny-fp32", "pvt_v2_b0-ckpt-fp32"}
+NOT_CONTIGUOUS = {
+    "nest_tiny-fp32",
+    "pvt_v2_b0-ckpt-fp32",
+    "poolformerv2_s12-fp32",
+    "test_convnext-ckpt-fp32",
+    "test_mambaout-ckpt-fp32",
+}
+# recorded to show what the estimator does not model yet (docs/estimator.md, the zoo sweep):
+# grouped half-precision convolutions, which transpose their operands (cpubone_nano's forward
+# workspaces: 23.4 MB recorded, 15.6 MB modelled)
+NOT_MODELLED = {"cpubone_nano-bf16"}
 
 
 @pytest.mark.parametrize("name", TRACES)
@@ -106,7 +117,9 @@ def test_convolution_workspaces_follow_the_transpose_rule():
     # are held to their whole estimates in tests/test_estimate_layers.py, the zoo's layers
     # (1-D and transposed convolutions) by the tests below
     for name in (
-        n for n in TRACES if not n.startswith(("layer-", "zoo-")) and n not in NOT_CONTIGUOUS
+        n
+        for n in TRACES
+        if not n.startswith(("layer-", "zoo-")) and n not in NOT_CONTIGUOUS | NOT_MODELLED
     ):
         pairs = _forward_workspaces(load(name))
         recorded = sum(r for r, _ in pairs)
