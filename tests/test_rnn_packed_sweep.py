@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from sweep_data import recorded as recorded_in
 from vramscope.estimate.rnn import MODES, cudnn_sizes
 
@@ -55,20 +57,22 @@ def test_the_reserve_is_exact_for_every_recorded_packed_layer():
         assert sizes(row)["reserve"] in forward_buffers(row)[1], row["cell"]
 
 
-def test_the_workspace_of_one_unidirectional_lstm_layer_follows_the_packed_rule():
-    """The rule (3.125 × hidden per time step × largest batch, fitted on one float32 LSTM
-    layer of hidden 512) holds for the 43 recorded one-layer, one-direction float32 LSTMs:
-    never 1 % under, median within 5 %. Other shapes are far off (median −21 % over the 402,
-    up to −80 % for bidirectional and deeper layers: see docs/estimator.md), not modelled."""
-    rows = [
-        r
-        for r in recorded()
-        if r["cell"] == "LSTM"
-        and r["layers"] == 1
-        and not r["bidirectional"]
-        and r["dtype"] == "fp32"
-    ]
-    assert len(rows) == 43
-    errors = [(sizes(r)["workspace"] - forward_buffers(r)[0]) / forward_buffers(r)[0] for r in rows]
-    assert min(errors) > -0.01
-    assert abs(statistics.median(errors)) < 0.05
+def test_the_packed_workspace_rule_holds_for_every_recorded_cell_and_shape():
+    """8 MiB per layer and direction, every weight matrix once, and per unit of hidden size a
+    values per packed row and b per layer and sequence (``WORKSPACE_PACKED``): exact (to
+    the allocator's 512 bytes) for 366 of the 402 recorded layers, never under where the
+    input is no wider than the hidden size (341 layers); under by at most 26 % for the 9
+    wider ones another engine takes (an LSTM with input 4 x hidden, RNNs 2 x)."""
+    rows = recorded()
+    errors = []
+    for row in rows:
+        measured = forward_buffers(row)[0]
+        predicted = sizes(row)["workspace"]
+        errors.append((predicted - measured, measured, row))
+    exact = [e for e in errors if abs(e[0]) <= 512]
+    assert len(exact) >= 366
+    narrow = [e for e in errors if e[2]["inputs"] <= e[2]["hidden"]]
+    assert len(narrow) == 341 and all(d >= -512 for d, _, _ in narrow)
+    under = [d / m for d, m, _ in errors if d / m < -0.05]
+    assert len(under) <= 9 and min(under) > -0.26
+    assert statistics.median(d / m for d, m, _ in errors) == pytest.approx(0, abs=1e-3)
