@@ -8,6 +8,11 @@ some check rules the CUDA kernel no longer has, or have no meta function at all:
   first CUDA kernel did; since torch 2.9 the CUDA kernel also takes float32 and float16
   (through a loop of ``mm`` per group) and pads the output's rows to 16 bytes for TMA
   (``GroupedMMUtils.h``). Outputs are made by those rules.
+* The gradients of ``mse_loss``, ``smooth_l1_loss`` and ``huber_loss``: the kernels make
+  them with ``zeros_like(input, LEGACY_CONTIGUOUS_MEMORY_FORMAT)`` (``Loss.cpp``, on every
+  device: contiguous, whatever the input's layout), where the meta functions keep the
+  input's (a channels-last input's gradient stayed channels-last, and what follows it in
+  backward took other layouts and copies: a channels-last VAE's reconstruction loss).
 * ``_c10d_functional.wait_tensor``: the wait for a functional collective (DTensor's
   redistributions) returns its input (``Functional.cpp``); its meta function makes a new
   tensor, which no GPU allocates. :data:`WAIT_HOOKS` are told of each wait, and
@@ -145,6 +150,13 @@ def _contiguous(mode: Any, shape: Any, like: Any) -> Any:
     return _empty_strided(mode, shape, stride, like.dtype, like.device)
 
 
+def _loss_backward(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``aten.{mse,smooth_l1,huber}_loss_backward(grad_output, input, target, ...)``: the
+    input's gradient, contiguous in the input's shape and dtype."""
+    x = args[1]
+    return _contiguous(mode, x.shape, x)
+
+
 def cudnn_grid_sampler(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``aten.cudnn_grid_sampler(input, grid)`` (``grid_sample`` on 4-D float inputs):
     ``(N, C, H_out, W_out)`` from the grid's ``(N, H_out, W_out, 2)``, in the input's dtype
@@ -206,6 +218,9 @@ def _functional_collectives() -> dict[Any, Any]:
 
 KERNELS = {
     **_functional_collectives(),
+    aten.mse_loss_backward.default: _loss_backward,
+    aten.smooth_l1_loss_backward.default: _loss_backward,
+    aten.huber_loss_backward.default: _loss_backward,
     aten.cudnn_grid_sampler.default: cudnn_grid_sampler,
     aten.cudnn_grid_sampler_backward.default: cudnn_grid_sampler_backward,
     aten._grouped_mm.default: grouped_mm,
