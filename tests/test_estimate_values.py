@@ -125,6 +125,34 @@ def every_layer(batch_size, device):
 def no_layer(batch_size, device):
     return _layer_drop(batch_size, device, 1.0)
 
+class RandomAugment(torch.nn.Module):
+    '''A random augmentation, as torchvision's v2 transforms write it: applied when
+    ``torch.rand(1) < p`` (here the batch and its mirror image, twice the activations).'''
+    def __init__(self, p):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                          torch.nn.Linear(1024, 16))
+        self.p = p
+
+    def forward(self, x):
+        if self.training and torch.rand(1) < self.p:
+            x = torch.cat([x, x.flip(1)])
+        return self.layers(x)
+
+def _augment(batch_size, device, p):
+    model = RandomAugment(p).to(device)
+    return _workload(model, lambda: (torch.randn(batch_size, 1024, device=device),),
+                     lambda m, x: m(x).square().mean())
+
+def augment_half(batch_size, device):
+    return _augment(batch_size, device, 0.5)
+
+def augment_always(batch_size, device):
+    return _augment(batch_size, device, 1.0)
+
+def augment_never(batch_size, device):
+    return _augment(batch_size, device, 0.0)
+
 def counts_of_unknown_values(batch_size, device):
     model = torch.nn.Linear(64, 64).to(device)
     def loss(m, x):
@@ -218,7 +246,8 @@ def test_a_size_without_any_bound_names_the_op_its_line_and_what_to_do(workloads
 def test_layers_dropped_at_random_all_run_in_the_estimate(workloads):
     """LayerDrop's draw (``torch.rand([]) < p`` skips a layer) is read as the top of its
     range: every layer runs in every traced step, as in the steps that set a run's peak,
-    instead of a trace that skips layers at random (half of them here, at p = 0.5)."""
+    instead of a trace that skips layers at random (half of them here, at p = 0.5); the
+    other end (every layer skipped) is traced too and said as the alternative."""
     every = estimate(f"{workloads}:every_layer", 512).peak.allocated_bytes
     none = estimate(f"{workloads}:no_layer", 512).peak.allocated_bytes
     # each of the 4 layers keeps its (512, 1024) float32 output for backward: 2 MiB each
@@ -226,4 +255,19 @@ def test_layers_dropped_at_random_all_run_in_the_estimate(workloads):
     for name in ("layer_drop", "layer_drop_like", "layer_drop_uniform"):
         report = estimate(f"{workloads}:{name}", 512)
         assert report.peak.allocated_bytes == every, name
-        assert report.extra["estimate"].get("assumptions") is None
+        extra = report.extra["estimate"]
+        assert extra["assumption_variant"] == "heavy"
+        assert {a["kind"] for a in extra["assumptions"]} == {"draw"}
+        assert extra["alternative_peak"]["allocated_bytes"] == none
+
+
+def test_a_random_augmentation_is_applied_in_the_estimate(workloads):
+    """A draw that applies work below its probability (``torch.rand(1) < p``: a random
+    augmentation) is traced with the bottom of its range too, and that step is kept: the
+    estimate is that of the augmentation applied, not of a trace that never applies it."""
+    always = estimate(f"{workloads}:augment_always", 512).peak.allocated_bytes
+    never = estimate(f"{workloads}:augment_never", 512).peak.allocated_bytes
+    assert always - never >= 512 * 1024 * 4  # the doubled batch's activations
+    report = estimate(f"{workloads}:augment_half", 512)
+    assert report.peak.allocated_bytes == always
+    assert report.extra["estimate"]["assumption_variant"] == "light"

@@ -335,7 +335,21 @@ class DataDependentValues(FakeTensorMode):
             else ()
         )
         if name in _UNIFORM_DRAWS:
-            _top_of_range(func, args, kwargs, reals)
+            # in the traced steps, where Python reads the draw, both ends are traced and the
+            # larger step kept: LayerDrop skips a layer below its probability, a random
+            # augmentation applies its work below its own (while the workload is built, a
+            # parameter's initial values: the top, and no assumption)
+            stepping = self.recorder.recording
+            _end_of_range(func, args, kwargs, reals, top=self.variant == HEAVY or not stepping)
+        if name in _UNIFORM_DRAWS and self.recorder.recording:
+            keys = keys | {
+                self._assume(
+                    "draw",
+                    name,
+                    "a random draw read as the top of its range",
+                    "a random draw read as the bottom of its range",
+                )
+            }
         for fake, value in zip(outs, reals, strict=False):
             if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
                 with contextlib.suppress(TypeError):
@@ -611,16 +625,21 @@ _VALUE_FREE = frozenset(
 
 # Uniform random draws. A draw that Python reads decides control flow, and a trace of a few
 # steps would take one branch at random where a run of many steps takes both: LayerDrop
-# (``torch.rand([]) < layerdrop``: skip the layer; every use in transformers is written so,
-# ``> layerdrop`` where it means run it) skipped a layer in some estimates of a model and not
-# in others. Their values are read as the top of the range, so that ``draw < p`` is false:
-# every layer runs, the step that sets a run's peak.
+# (``torch.rand([]) < layerdrop``: skip the layer; every use in transformers is written so)
+# skipped a layer in some estimates of a model and not in others, and a random augmentation
+# (``torch.rand(1) < p``: apply it) runs its work only below its probability. A draw reads
+# as the top of its range (every layer runs) and, when Python read it, the estimate traces
+# the alternative with the bottom of the range too (every augmentation applied) and keeps the
+# larger: the steps that set a run's peak, whichever way the code is written.
 _UNIFORM_DRAWS = frozenset(("rand", "rand_like", "uniform", "uniform_"))
 
 
-def _top_of_range(func: Any, args: Any, kwargs: Any, reals: tuple[Any, ...]) -> None:
+def _end_of_range(
+    func: Any, args: Any, kwargs: Any, reals: tuple[Any, ...], top: bool = True
+) -> None:
     """Set the real values of a uniform draw to the largest value below the top of its
-    range (``[0, 1)``, or uniform's ``[from, to)``), in the draw's dtype."""
+    range (``[0, 1)``, or uniform's ``[from, to)``), in the draw's dtype, or (``top``
+    False) to the bottom of the range."""
     low, high = 0.0, 1.0
     if op_name(func).startswith("uniform"):
         low = float(_named_arg(func, args, kwargs, "from"))
@@ -629,8 +648,11 @@ def _top_of_range(func: Any, args: Any, kwargs: Any, reals: tuple[Any, ...]) -> 
         if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
             continue
         with no_dispatch():
-            top = torch.tensor(high, dtype=value.dtype)
-            below = torch.nextafter(top, torch.tensor(low, dtype=value.dtype))
+            if not top:
+                value.fill_(low)
+                continue
+            end = torch.tensor(high, dtype=value.dtype)
+            below = torch.nextafter(end, torch.tensor(low, dtype=value.dtype))
             value.fill_(max(float(below), low))
 
 
