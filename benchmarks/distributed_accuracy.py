@@ -249,7 +249,7 @@ def rank_job(args: argparse.Namespace) -> int:
             from vramscope.distributed.expert_parallel import apply_expert_parallel
 
             # the estimate's own expert-parallel layers, exchanging over the real group
-            applied = apply_expert_parallel(
+            workload, applied = apply_expert_parallel(
                 workload,
                 plan.ep,
                 plan.ep_rank,
@@ -257,9 +257,6 @@ def rank_job(args: argparse.Namespace) -> int:
                 device,
                 group=mesh["ep"].get_group(),
             )
-            # the layers' calls keep `applied`, which must not keep the optimizer it made:
-            # over the rank's parameters before sharding, it held them all besides the shards
-            workload, applied.workload = applied.workload, None
             experts = applied.local_modules()
             del applied
         if plan.strategy != "none":

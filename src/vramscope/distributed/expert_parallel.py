@@ -115,11 +115,10 @@ def received_rows(rows: int, ep: int, imbalance: float) -> int:
 @dataclass
 class ExpertsApplied:
     """What making a workload expert parallel made, and what its exchanges moved. The
-    layers' calls keep this object for their exchanges: a caller that applies a strategy
-    over ``workload`` afterwards (FSDP2 makes the optimizer again) replaces or clears
-    ``workload``, whose optimizer otherwise keeps the rank's unsharded parameters alive."""
+    layers' calls keep this object for their exchanges, so it holds no workload: one kept
+    here would keep its optimizer, and with it the rank's parameters from before a strategy
+    applied afterwards (FSDP2) sharded them."""
 
-    workload: Any
     layers: list[ExpertLayer]
     ep: int
     rank: int
@@ -280,11 +279,11 @@ def apply_expert_parallel(
     imbalance: float,
     device: torch.device,
     group: Any = None,
-) -> ExpertsApplied:
+) -> tuple[Any, ExpertsApplied]:
     """Make a built ``workload`` rank ``rank`` of an ``ep``-rank expert-parallel group
     (``group``; None: the world): each MoE layer keeps its share of the experts, its calls
     exchange tokens all-to-all; the optimizer is made again over the parameters the rank
-    holds."""
+    holds. Returns the new workload and what was made."""
     from dataclasses import replace
 
     from vramscope.distributed.optim import constructor_defaults
@@ -308,7 +307,7 @@ def apply_expert_parallel(
                 f"--ep {ep} does not divide the {layer.experts} experts of {layer.name}: each "
                 "expert-parallel rank holds the same number of whole experts"
             )
-    applied = ExpertsApplied(None, layers, ep, rank, imbalance, group=group)
+    applied = ExpertsApplied(layers, ep, rank, imbalance, group=group)
     renamed: dict[int, nn.Parameter] = {}  # a grouped module's parameters: their share
     for layer in layers:
         share = layer.experts // ep
@@ -350,5 +349,4 @@ def apply_expert_parallel(
                     {**{k: v for k, v in group.items() if k != "params"}, "params": params}
                 )
         optimizer = type(optimizer)(groups, **constructor_defaults(optimizer))
-    applied.workload = replace(workload, model=model, optimizer=optimizer)
-    return applied
+    return replace(workload, model=model, optimizer=optimizer), applied

@@ -482,7 +482,7 @@ class RankTracer:
         else:
             from vramscope.distributed.expert_parallel import apply_expert_parallel
 
-            self.experts = apply_expert_parallel(
+            workload, self.experts = apply_expert_parallel(
                 workload,
                 plan.ep,
                 plan.ep_rank,
@@ -490,7 +490,6 @@ class RankTracer:
                 device,
                 group=mesh["ep"].get_group(),
             )
-            workload = self.experts.workload
             experts = self.experts.local_modules()
         if not plan.sharded:
             return workload
@@ -498,9 +497,7 @@ class RankTracer:
             workload, plan, device, pin_memory=False, mesh=mesh, experts=experts
         )
         self._name_groups(self.applied.workload.model)
-        if self.experts is not None:
-            self.experts.workload = self.applied.workload
-        else:
+        if self.context is not None:
             self.context.workload = self.applied.workload
         return self.applied.workload
 

@@ -77,10 +77,14 @@ Everything here is a global rule from those sources; nothing is fitted to a work
 
 from __future__ import annotations
 
+import functools
+import gzip
+import json
 import math
 import os
 import re
 import threading
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -944,8 +948,12 @@ def _transform_operands(
     return _storage_bytes(x) + _storage_bytes(out) + _storage_bytes(w)
 
 
-_GROUPED_1D: dict[str, list[int]] | None = None
-_GROUPED_1D_LOCK = threading.Lock()
+@functools.cache
+def _grouped_1d_table() -> dict[str, list[int]]:
+    """The recorded grouped 1-D convolutions (see :func:`_recorded_grouped_1d`)."""
+    path = resources.files("vramscope.estimate") / "recorded/grouped_conv1d_h200.json.gz"
+    with path.open("rb") as raw, gzip.open(raw, "rt") as f:
+        return json.load(f)["rows"]
 
 
 def _recorded_grouped_1d(
@@ -961,7 +969,6 @@ def _recorded_grouped_1d(
     49 positions took 1.04 GiB in the backward (data2vec-audio's positional convolution),
     the same over 1 × 49 or 8 × 49 under 1 MiB. Outside the recorded grid the rules of
     :func:`_conv_transform_bytes` apply."""
-    global _GROUPED_1D
     if (
         not isinstance(x, torch.Tensor)
         or x.dim() != 3
@@ -983,20 +990,8 @@ def _recorded_grouped_1d(
         layout = "transposed"
     else:
         return None
-    if _GROUPED_1D is None:
-        with _GROUPED_1D_LOCK:
-            if _GROUPED_1D is None:
-                import gzip
-                import json
-                from importlib import resources
-
-                path = (
-                    resources.files("vramscope.estimate") / "recorded/grouped_conv1d_h200.json.gz"
-                )
-                with path.open("rb") as raw, gzip.open(raw, "rt") as f:
-                    _GROUPED_1D = json.load(f)["rows"]
     dtype = str(x.dtype).split(".")[-1]
-    row = _GROUPED_1D.get(f"{layout},{b},{c},{length},{k},{groups},{dtype}")
+    row = _grouped_1d_table().get(f"{layout},{b},{c},{length},{k},{groups},{dtype}")
     return (int(row[0]), int(row[1])) if row is not None else None
 
 

@@ -341,15 +341,11 @@ class DataDependentValues(FakeTensorMode):
             # parameter's initial values: the top, and no assumption)
             stepping = self.recorder.recording
             _end_of_range(func, args, kwargs, reals, top=self.variant == HEAVY or not stepping)
-        if name in _UNIFORM_DRAWS and self.recorder.recording:
-            keys = keys | {
-                self._assume(
-                    "draw",
-                    name,
-                    "a random draw read as the top of its range",
-                    "a random draw read as the bottom of its range",
+            if stepping:
+                top, bottom = (
+                    f"a random draw read as the {end} of its range" for end in ("top", "bottom")
                 )
-            }
+                keys = keys | {self._assume("draw", name, top, bottom)}
         for fake, value in zip(outs, reals, strict=False):
             if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
                 with contextlib.suppress(TypeError):
