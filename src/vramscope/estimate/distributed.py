@@ -210,10 +210,16 @@ class _HostTensors(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 class _Reducer:
-    """DDP's reducer, its bucket rebuild run with real host tensors."""
+    """DDP's reducer, its bucket rebuild run with real host tensors, and no count of the
+    forwards: the count starts DDP's runtime statistics, timed with CUDA events for CUDA
+    parameters (a CUDA build of torch on a machine without a GPU driver fails there; with no
+    count none are taken, the buckets as before)."""
 
     def __init__(self, reducer: Any) -> None:
         self._reducer = reducer
+
+    def prepare_for_forward(self) -> None:
+        return None
 
     def _rebuild_buckets(self) -> bool:
         with _HostTensors():
