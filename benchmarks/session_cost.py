@@ -205,10 +205,11 @@ def child(args: argparse.Namespace) -> None:
         if session is not None:
             clock.where = "report"
             t = time.perf_counter()
-            session.report()
+            report = session.report()
             result["report_ms"] = (time.perf_counter() - t) * 1000
             clock.where = "off"
             result["parts"].update(clock.take())
+            result["trace"] = _trace_windows(session, report)
         return result
 
     first = block(True)  # (before the parts are wrapped: it imports what tracking uses)
@@ -220,6 +221,20 @@ def child(args: argparse.Namespace) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     result = {"import_ms": import_ms, "first": first, "blocks": blocks, "device": name}
     print(json.dumps({**result, "torch": torch.__version__}))
+
+
+def _trace_windows(session: Any, report: Any) -> dict[str, Any]:
+    """Which steps the session's allocator trace recorded, in how many windows, and whether
+    it held the run's peak (what the first steps' and later windows cost is for)."""
+    recorder = getattr(session, "_attribution", None)
+    trace = getattr(recorder, "_trace", None)
+    schedule = getattr(recorder, "schedule", None)
+    return {
+        "windows": len(trace.windows) if trace is not None else 0,
+        "marked": schedule.summary()["marked_steps"] if schedule is not None else [],
+        "peak": [report.peak.step, report.peak.phase, report.peak.allocated_bytes],
+        "source": report.extra.get("categories_source"),
+    }
 
 
 # ---- the parent: processes, alternating trees -------------------------------------------------
@@ -257,6 +272,16 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "process's first session: exit": [r["first"]["exit_ms"] for r in runs],
     }
     out["figures"] = {k: [round(x, 3) for x in quartiles(v)] for k, v in figures.items()}
+    traces = [b["trace"] for b in tracked if "trace" in b]
+    if traces:
+        windows = [t["windows"] for t in traces]
+        out["trace"] = {
+            "windows": [min(windows), statistics.median(windows), max(windows)],
+            "sources": {
+                s: sum(t["source"] == s for t in traces) for s in {t["source"] for t in traces}
+            },
+            "examples": traces[:3],
+        }
     parts: dict[str, dict[str, list[float]]] = {}
     for b in tracked:
         for where, labels in b["parts"].items():
@@ -310,6 +335,14 @@ def render(trees: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         for label in labels:
             row = "".join(f"  {cell(trees[n]['parts'].get(where, {}).get(label))}" for n in names)
             lines.append(f"  {label:{width - 2}s}{row}")
+    for name in names:
+        trace = trees[name].get("trace")
+        if trace:
+            low, mid, high = trace["windows"]
+            lines.append(
+                f"{name}: allocator trace windows a session {mid} [{low}..{high}]; categories "
+                f"from {trace['sources']}; e.g. {trace['examples'][0]}"
+            )
     return "\n".join(lines)
 
 

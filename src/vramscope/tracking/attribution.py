@@ -158,6 +158,7 @@ class Recorder:
         self._codes: list[str | None] = []  # where each module's forward is defined
         self._names: dict[int, tuple[int, str]] = {}  # module -> (root, dotted name)
         self._roots: list[int] = []
+        self._marked_roots: set[int] = set()  # roots whose modules on_root marked
         self.stack: list[int] = []
         self._node_handles: list[Any] = []  # hooks on autograd nodes (backward markers)
         self._backward_hooks: dict[int, Callable[[Any], None]] = {}
@@ -528,9 +529,13 @@ class Recorder:
         if not self.active or _is_compiling():
             return
         index = self.module_index(module)
-        if index in self._roots:
+        if index in self._marked_roots:
             return
-        self._new_root(module, index)
+        self._marked_roots.add(index)
+        if self._register_root(module, index):
+            # its parameters and buffers by their storages, while it lives: a model made at
+            # the top level of a script is gone by the end (runpy clears its namespace)
+            self.census([module], [], ("parameters", "buffers"))
         from vramscope.tracking import hooks
 
         added = []
@@ -545,9 +550,17 @@ class Recorder:
         if not self.marking:  # found in a step without markers: quiet until the next one
             hooks.set_instances(added, False)
 
-    def _new_root(self, module: torch.nn.Module, index: int) -> None:
+    def adopt_root(self, module: torch.nn.Module) -> None:
+        """A model the session found just now, before it counts the objects: the census of
+        that count labels this model's storages under their names (``on_root`` then takes
+        none of its own)."""
+        if self.active and not _is_compiling():
+            self._register_root(module, self.module_index(module))
+
+    def _register_root(self, module: torch.nn.Module, index: int) -> bool:
+        """Make ``module`` a root (its names, the trace started); whether it is new."""
         if index in self._roots:
-            return
+            return False
         self._roots.append(index)
         self._param_names = None
         if index not in self._names:
@@ -558,9 +571,7 @@ class Recorder:
             for t in list(module.parameters()) + list(module.buffers()):
                 if t.device.type == "cpu":
                     self._adopt(t)
-        # its parameters and buffers by their storages, while it lives: a model made at the
-        # top level of a script is gone by the end (runpy clears the script's namespace)
-        self.census([module], [], ("parameters", "buffers"))
+        return True
 
     # ---- phases, steps, optimizer ---------------------------------------------------------------------
     def on_phase(self, name: str) -> None:
@@ -652,10 +663,12 @@ class Recorder:
         models: list[torch.nn.Module],
         optimizers: list[torch.optim.Optimizer],
         what: tuple[str, ...] = OBJECT_CATEGORIES,
+        walked: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
     ) -> None:
         """Label, by address, the storages the objects hold now (the session counts their
         bytes at the same moments): the analysis classifies every block by them. Only while
-        allocations are recorded (on CUDA, in a window of the allocator's trace)."""
+        allocations are recorded (on CUDA, in a window of the allocator's trace).
+        ``walked``: the models' parameters and buffers when the caller has them."""
         if not (self.active and self.recording) or (
             self.device_type == "cuda" and not self._cuda_on
         ):
@@ -663,7 +676,7 @@ class Recorder:
         names = self._tensor_names()
         entries: list[list[Any]] = []
         seen: set[int] = set()
-        for t, category, owner_of, key in object_tensors(models, optimizers, what):
+        for t, category, owner_of, key in object_tensors(models, optimizers, what, walked):
             local = local_tensor(t)
             if local.device.type != self.device_type or local.layout is not torch.strided:
                 continue
@@ -699,7 +712,8 @@ class Recorder:
     def _root_modules(self) -> list[torch.nn.Module]:
         roots = [self.modules[i]() for i in self._roots]
         alive = [r for r in roots if r is not None]
-        alive.sort(key=lambda m: -sum(p.numel() for p in m.parameters()))
+        if len(alive) > 1:  # the largest first
+            alive.sort(key=lambda m: -sum(p.numel() for p in m.parameters()))
         return alive
 
     def add_models(self, models: Iterable[torch.nn.Module]) -> None:

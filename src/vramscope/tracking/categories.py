@@ -108,23 +108,32 @@ def full_gradient_bytes(
     models: Iterable[torch.nn.Module],
     device_type: str,
     params: Iterable[torch.Tensor] | None = None,
+    storages: _Storages | None = None,
 ) -> int:
     """What the gradients of every trainable parameter take once all exist (each storage
     once; frozen parameters have none). Parameters that are views of one storage (FSDP1's
     original parameters in its flat parameter) count each distinct view, the storage's
     bytes at most: one gradient buffer holds them all. ``params``: the models' parameters
-    when the caller has them (:func:`model_tensors`)."""
+    when the caller has them (:func:`model_tensors`); ``storages``: a count's lookups, whose
+    allocator bytes (rounded up) come to the same blocks."""
     if params is None:
         params = model_tensors(models)[0]
     views: dict[int, tuple[int, set[tuple[int, int]]]] = {}
     for p in params:
         if not p.requires_grad:
             continue
-        storage = _storage_on(p, device_type)
-        if storage is None:
-            continue
+        if storages is not None:
+            found = storages.of(p)
+            if found is None:
+                continue
+            ptr, nbytes = found
+        else:
+            storage = _storage_on(p, device_type)
+            if storage is None:
+                continue
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
         local = local_tensor(p)
-        entry = views.setdefault(storage.data_ptr(), (storage.nbytes(), set()))
+        entry = views.setdefault(ptr, (nbytes, set()))
         entry[1].add((local.storage_offset(), local.numel() * local.element_size()))
     total = 0
     for storage_bytes, spans in views.values():
@@ -265,16 +274,19 @@ class ObjectLedger:
         models: list[torch.nn.Module],
         optimizers: list[torch.optim.Optimizer],
         device_type: str,
+        walked: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
     ) -> ObjectCategories:
-        """Count now, keep the highest; returns what the objects hold now."""
+        """Count now, keep the highest; returns what the objects hold now. ``walked``: the
+        models' :func:`model_tensors`, when the caller has them."""
         storages = _Storages(device_type)
-        walked = model_tensors(models)
+        if walked is None:
+            walked = model_tensors(models)
         now = _categories(models, optimizers, storages, walked)
         seen = self.seen
         seen.parameters = max(seen.parameters, now.parameters)
         seen.buffers = max(seen.buffers, now.buffers)
         seen.gradients = max(seen.gradients, now.gradients)
-        full = full_gradient_bytes(models, device_type, walked[0])
+        full = full_gradient_bytes(models, device_type, walked[0], storages)
         self.full_gradients = max(self.full_gradients, full)
         for opt in optimizers:
             state = _categories([], [opt], storages).optimizer_state

@@ -32,7 +32,7 @@ from vramscope.sources import allocator, nvml
 from vramscope.sources.allocator import LEDGER, AllocatorReading
 from vramscope.sources.host import ProcessTreeRss
 from vramscope.tracking.boundaries import StepBoundaries, _Light
-from vramscope.tracking.categories import ObjectCategories, ObjectLedger
+from vramscope.tracking.categories import ObjectCategories, ObjectLedger, model_tensors
 from vramscope.tracking.hooks import GlobalHooks
 from vramscope.tracking.phase_reads import ReadSchedule, check_phase_policy
 from vramscope.tracking.sampler import Sample, Sampler
@@ -219,10 +219,15 @@ class Session(StepBoundaries):
         if self._use_status:
             self._status = _open_status(self)
         if self.journal is True:
-            from vramscope.journal.leftovers import prune
+            from vramscope.journal.leftovers import directory, prune
 
             with contextlib.suppress(Exception):  # (never into the user's run)
-                prune()
+                # once a process and directory: a later session's would find what this one
+                # left, and pay for listing the directory again
+                where = str(directory())
+                if where not in _PRUNED:
+                    _PRUNED.add(where)
+                    prune()
 
     def stop(self) -> None:
         """Stop tracking and remove every hook; safe to call twice."""
@@ -456,9 +461,10 @@ class Session(StepBoundaries):
         """Count the models' and optimizers' bytes now, keeping the highest seen (returns
         what they hold now); the attribution labels their storages at the same moment."""
         models, optimizers = list(self._models), list(self._optimizers)
-        now = self._ledger.count(models, optimizers, self._device_type)
+        walked = model_tensors(models)  # (one walk over the modules for both)
+        now = self._ledger.count(models, optimizers, self._device_type, walked)
         if self._attribution is not None:
-            self._attribution.census(models, optimizers)
+            self._attribution.census(models, optimizers, walked=walked)
         for probe in self.object_probes:
             with contextlib.suppress(Exception):
                 probe(models, self._device_type)
@@ -489,6 +495,9 @@ class Session(StepBoundaries):
             self._has_params[module] = known
             if known:
                 self._models.add(module)
+                attribution = self._attribution
+                if attribution is not None and (attribution.markers or attribution.recording):
+                    attribution.adopt_root(module)  # (the count's census names its storages)
                 self._count_objects()
         if known:
             with contextlib.suppress(TypeError):
@@ -688,6 +697,9 @@ class Session(StepBoundaries):
 
             self._report = make_report(self)
         return self._report
+
+
+_PRUNED: set[str] = set()  # the private directories whose left-overs this process pruned
 
 
 def _nothing() -> None:
