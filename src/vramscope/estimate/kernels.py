@@ -15,8 +15,9 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
 * **Attention backward buffers**: FlashAttention-2 allocates ``softmax_d`` (B, H, L₁₂₈) and a
   float32 ``dq_accum`` (B, L₁₂₈, H, D₃₂) (``flash_api.cpp``; L₁₂₈: L rounded up to 128),
   and expanded dK/dV for grouped-query attention; cuDNN's backward workspace holds the same
-  float32 dQ accumulator; memory-efficient attention a float32 ``delta`` (B, H, L) and, for
-  fp16/bf16, a float32 dQ accumulator.
+  float32 dQ accumulator; memory-efficient attention a float32 ``delta`` (B, H, L) and a
+  float32 dQ accumulator (in float32 tiles of 64 or 128 queries, with ``delta`` computed
+  outside the kernel: :func:`efficient_fp32_backward_buffers`).
 * **cuBLAS and cuBLASLt workspaces** (``aten/src/ATen/cuda/CublasHandlePool.cpp``): the first
   GEMM of a thread allocates a workspace for that thread's cuBLAS handle on the current
   stream -- ``CUBLAS_WORKSPACE_CONFIG`` or 32 MiB on sm90+ (8 MiB + 128 KiB before) -- kept for
@@ -24,9 +25,11 @@ its own use. This module supplies both, from reading torch's CUDA sources (torch
   ``nn.Linear`` path, run by cuBLASLt) allocates the cuBLASLt workspace,
   ``CUBLASLT_WORKSPACE_SIZE`` KiB or 1 MiB, once per handle. Forward and the optimizer run on
   the main thread, backward on autograd's device thread: two handles, two workspaces.
-* **Depthwise convolutions over channels-last inputs**: the backward's workspace, two
-  float32 values per input element at most 1 MiB per multiprocessor
-  (:func:`_depthwise_channels_last_backward_bytes`, recorded over 242 layers).
+* **Depthwise convolutions over channels-last inputs**: the bias gradient's reduction buffer,
+  two float32 values per input element at most 1 MiB per multiprocessor
+  (:func:`_depthwise_channels_last_backward_bytes`, recorded over 242 layers), and, on the
+  swept GPU for recorded shapes only, cuDNN's data- and weight-gradient workspaces
+  (:func:`_recorded_depthwise_2d`: no rule of the shape predicts them).
 * **Reductions split over blocks** (``ATen/native/cuda/Reduce.cuh``, ``setReduceConfig``): a
   sum or mean over the leading dimensions with many values per output (a bias gradient over
   all tokens) splits each output over several thread blocks, sized by the GPU's SM count,
@@ -517,8 +520,31 @@ def after_op(
         return
     if func is aten.convolution_backward.default:
         if _on_cuda(args[1]) and profile.capability[0] >= 8:
-            _conv_backward_workspaces(recorder, args, out, profile.name in _SWEPT_GPUS)
-            size = _depthwise_channels_last_backward_bytes(args[1], args[2], args[9], profile)
+            swept = profile.name in _SWEPT_GPUS
+            _conv_backward_workspaces(recorder, args, out, swept)
+            recorded = (
+                _recorded_depthwise_2d(args[1], args[2], args[4], args[5], args[6], args[9])
+                if swept and not args[7]
+                else None
+            )
+            mask = args[10]
+            if recorded is not None and isinstance(out, (tuple, list)):
+                # recorded: each gradient is allocated just before the pass that fills it, and
+                # each pass frees its workspace before the next gradient (data, weight, bias)
+                for index in (0, 1):
+                    later = out[index + 1]
+                    later = later if mask[index + 1] and isinstance(later, torch.Tensor) else None
+                    if mask[index]:
+                        recorder.transient(
+                            recorded[index],
+                            "temporary",
+                            "cuDNN depthwise convolution backward workspace (recorded)",
+                            before=later,
+                        )
+            has_bias = args[3] is not None and bool(mask[2])
+            size = _depthwise_channels_last_backward_bytes(
+                args[1], args[2], args[9], profile, bias=has_bias
+            )
             recorder.transient(size, "temporary", "depthwise convolution backward workspace")
         return
     if func in _ATTENTION_FORWARD:
@@ -539,11 +565,13 @@ def after_op(
     elif func is aten._scaled_dot_product_efficient_attention_backward.default:
         q = args[1]
         b, h, lq, d = q.shape
+        if q.dtype == torch.float32:
+            plan = efficient_fp32_backward_buffers(profile, q, args[3])
+            recorder.kernel_sequence(plan, "temporary", "efficient attention bwd")
+            return
         size = _nbytes((b, h, lq), 4)
         if q.dtype in HALF and args[2].shape[-2] > 64:
             size += _nbytes((b, lq, h, d), 4)  # float32 dQ accumulator across key blocks
-        elif q.dtype == torch.float32:
-            size += efficient_fp32_backward_bytes(q, args[6])
         recorder.transient(size, "temporary", "efficient attention bwd")
     elif func is aten._softmax_backward_data.default:
         if _on_cuda(args[0]):
@@ -602,21 +630,45 @@ def safe_softmax_buffers(x: Any, dim: int) -> list[tuple[str, int]]:
     return [("mask", x.numel()), ("rows", rows), ("zero", x.element_size())]
 
 
-def efficient_fp32_backward_bytes(q: Any, logsumexp: Any) -> int:
-    """What the float32 memory-efficient attention backward allocates besides its gradients
-    and ``delta`` (recorded on an H200 for PVT-v2 and data2vec-audio, every shape alike): a
-    temporary the size of the query; the log-sum-exp sliced to the queries and made
-    contiguous when the forward padded it (to a multiple of 32); and the kernel's workspace,
-    whose dQ accumulator the float32 kernels (built with key splitting) always keep: per
-    batch and head, per block of 64 queries, a 64 x head-dim (rounded up to 64) float32 tile
-    and 16 bytes of its lock."""
+def efficient_fp32_backward_buffers(
+    profile: GpuProfile, q: Any, v: Any
+) -> list[tuple[str, str] | tuple[str, str, int]]:
+    """What the float32 memory-efficient attention backward (``attention_backward.cu``,
+    CUTLASS's ``AttentionBackwardKernel``) allocates after its gradients, in order, as a
+    :meth:`Recorder.kernel_sequence` plan. Its float32 kernels do not compute ``delta``
+    themselves: ``(grad_out * out).sum(-1)`` makes a temporary the size of the output and
+    the (B, L, H) sum, which ``.transpose(-2, -1).contiguous()`` copies to (B, H, L) when
+    there are several heads and queries (with one head the sum is ``delta``); the product
+    and the sum are freed before the workspace. The workspace holds the dQ accumulator the
+    kernels (built with key splitting) always keep: per batch and head, per block of
+    ``kBlockSizeI`` queries and per 64 columns of the head dimension
+    (``MatmulGradQ::ThreadblockShape::kN``), a ``kBlockSizeI`` x 64 float32 tile and 16
+    bytes of its lock. The dispatcher takes the first kernel whose head dimension and shared
+    memory fit: 64 x 64 tiles up to 64 dimensions, beyond that 128 x 64 where a block may
+    have 163 KiB or more of shared memory (sm80, sm90, sm100). Recorded on an H200 for every
+    backward of PVT-v2 (head dimension 32), test_vit (32) and SAM2's Hiera (96: tiles of 128
+    queries, so 4 queries of 4 heads in each of 6,272 windows took 1.53 GiB, twice what
+    64-query tiles hold): each sequence exactly. The A100's choice is assumed from the
+    kernels' order (not recorded), sm86/sm89/sm120's beyond 64 dimensions is not known (64
+    queries assumed); a GPU without key splitting (before sm70) keeps no workspace."""
     b, h, lq, d = (int(n) for n in q.shape)
-    size = _nbytes((b, h, lq, d), 4)
-    if isinstance(logsumexp, torch.Tensor) and int(logsumexp.shape[-1]) != lq:
-        size += _nbytes((b, h, lq), 4)
-    tiles = -(-lq // 64)
-    size += b * h * tiles * (64 * _round(d, 64) * 4 + 16)
-    return size
+    dv = int(v.shape[-1])
+    plan: list[tuple[str, str] | tuple[str, str, int]] = [
+        ("alloc", "product", _nbytes((b, h, lq, dv), 4)),
+        ("alloc", "sum", _nbytes((b, h, lq), 4)),
+    ]
+    delta = "sum"
+    if h > 1 and lq > 1:
+        plan += [("alloc", "delta", _nbytes((b, h, lq), 4)), ("free", "sum")]
+        delta = "delta"
+    plan.append(("free", "product"))
+    if profile.capability[0] >= 7:
+        large = profile.capability in ((8, 0), (9, 0)) or profile.capability[0] == 10
+        rows = 128 if max(d, dv) > 64 and large else 64
+        tiles = _round(lq, rows) // rows * (_round(d, 64) // 64)
+        plan.append(("alloc", "workspace", b * h * tiles * (rows * 64 * 4 + 16)))
+    plan += [("free", delta), ("free", "workspace")]
+    return plan
 
 
 def _embedding_backward(recorder: Recorder, grad: Any, indices: Any, op: str) -> None:
@@ -949,9 +1001,11 @@ def _transform_operands(
 
 
 @functools.cache
-def _grouped_1d_table() -> dict[str, list[int]]:
-    """The recorded grouped 1-D convolutions (see :func:`_recorded_grouped_1d`)."""
-    path = resources.files("vramscope.estimate") / "recorded/grouped_conv1d_h200.json.gz"
+def _recorded_table(name: str) -> dict[str, list[int]]:
+    """The rows of a table recorded on the swept GPU, ``estimate/recorded/NAME.json.gz``
+    (grouped 1-D convolutions: :func:`_recorded_grouped_1d`; depthwise 2-D ones:
+    :func:`_recorded_depthwise_2d`)."""
+    path = resources.files("vramscope.estimate") / f"recorded/{name}.json.gz"
     with path.open("rb") as raw, gzip.open(raw, "rt") as f:
         return json.load(f)["rows"]
 
@@ -991,8 +1045,67 @@ def _recorded_grouped_1d(
     else:
         return None
     dtype = str(x.dtype).split(".")[-1]
-    row = _grouped_1d_table().get(f"{layout},{b},{c},{length},{k},{groups},{dtype}")
+    row = _recorded_table("grouped_conv1d_h200").get(
+        f"{layout},{b},{c},{length},{k},{groups},{dtype}"
+    )
     return (int(row[0]), int(row[1])) if row is not None else None
+
+
+def _recorded_depthwise_2d(
+    x: Any, w: Any, stride: Any, padding: Any, dilation: Any, groups: int
+) -> tuple[int, int] | None:
+    """The workspaces cuDNN's data-gradient and weight-gradient passes took in the backward
+    of a depthwise 2-D convolution over a channels-last input, as recorded on an H200 (torch
+    2.11, cuDNN 9.19) for this very shape, each the pass's peak above its start; None when
+    it was not recorded (``recorded/depthwise_conv2d_h200.json.gz``, built by
+    ``tests/gpu/fit_depthwise_sweep.py --table`` from ``tests/gpu/record_depthwise_sweep.py``'s
+    two sweeps: 856 7x7 layers with a bias, stride 1, padding 3, 8 to 768 channels over 5x5
+    to 112x112, batch 1 to 64, float32 and bfloat16). cuDNN's heuristics pick among engines
+    whose workspaces differ by orders of magnitude, and no rule of the shape tells which: in
+    float32, 16x24x40x40 took 39,008,919 bytes for its weight gradient, 16x16x40x40
+    22,793,891, 16x512x112x112 3.3 GB, where others take none; in bfloat16 about 49 KiB per
+    image over few channels. An input whose strides are channels-last's with gaps (a slice of
+    the channels) counts as channels-last: torch hands cuDNN a dense copy of it. Only
+    recorded shapes are read; outside them nothing is added
+    (the bias gradient's buffer is :func:`_depthwise_channels_last_backward_bytes`'s)."""
+    if (
+        not isinstance(x, torch.Tensor)
+        or not isinstance(w, torch.Tensor)
+        or x.dim() != 4
+        or w.dim() != 4
+    ):
+        return None
+    b, c, h, width = (int(n) for n in x.shape)
+    k = int(w.shape[2])
+    if groups != c or tuple(int(n) for n in w.shape) != (c, 1, k, k):
+        return None
+    if [int(n) for n in stride] != [1, 1] or [int(n) for n in dilation] != [1, 1]:
+        return None
+    if [int(n) for n in padding] != [k // 2, k // 2]:
+        return None
+    if x.is_contiguous() or not _strides_like_channels_last(x):
+        return None
+    dtype = str(x.dtype).split(".")[-1]
+    row = _recorded_table("depthwise_conv2d_h200").get(
+        f"channels_last,{b},{c},{h},{width},{k},{dtype}"
+    )
+    return (int(row[0]), int(row[1])) if row is not None else None
+
+
+def _strides_like_channels_last(x: torch.Tensor) -> bool:
+    """Whether torch's ``suggest_memory_format`` says channels-last for a 4-D tensor (its
+    strides ordered C, W, H, N, gaps allowed: MambaOut's depthwise convolution reads a slice
+    of its channels), so that cuDNN is handed a dense channels-last copy of the same shape
+    (``is_channels_last_strides_2d`` in ``c10/core/MemoryFormat.h``)."""
+    sizes, strides = x.shape, x.stride()
+    if x.is_contiguous(memory_format=torch.channels_last):
+        return True
+    least = 0
+    for d in (1, 3, 2, 0):
+        if strides[d] < least or (d == 0 and least == strides[1]):
+            return False
+        least = strides[d] * (int(sizes[d]) if int(sizes[d]) > 1 else 1)
+    return True
 
 
 def _conv_backward_workspaces(
@@ -1057,18 +1170,28 @@ def _conv_backward_workspaces(
 
 
 def _depthwise_channels_last_backward_bytes(
-    x: Any, w: Any, groups: int, profile: GpuProfile
+    x: Any, w: Any, groups: int, profile: GpuProfile, bias: bool = True
 ) -> int:
-    """The backward of a depthwise 2-D convolution over a channels-last input (PVT's and
-    SegFormer's feed-forward convolution, whose input is a transposed view of tokens; a
-    model run in channels-last) takes a workspace after its gradients: two float32 values
-    per input element, at most 1 MiB per multiprocessor, both scaled by (C/128)^2 below 128
-    channels; none over at most 28x28 positions in all (batch included). Recorded on an H200
-    (cuDNN 9.19) for 3x3, 5x5 and 7x7 kernels over 32 to 1024 channels in float32 and
-    bfloat16 (``benchmarks/results/conv_workspace_sweep_h200.json.gz``), to the KiB where
-    the rule holds; a few 7x7 layers took another engine with many times more (not
-    modelled). In the channels-first (NCHW) layout none is taken."""
-    if x.dim() != 4 or groups == 1 or groups != int(x.shape[1]) or int(w.shape[0]) != groups:
+    """The bias gradient's reduction buffer in the backward of a depthwise 2-D convolution
+    with a bias over a channels-last input (PVT's and SegFormer's feed-forward convolution,
+    whose input is a transposed view of tokens; ConvNeXt's and MambaOut's 7x7 layers; a model
+    run in channels-last): torch's sum of the output's gradient over batch and positions,
+    after cuDNN's passes, takes two float32 values per input element, at most 1 MiB per
+    multiprocessor, both scaled by (C/128)^2 below 128 channels; none over at most 28x28
+    positions in all (batch included). Recorded on an H200 (cuDNN 9.19) for 3x3, 5x5 and
+    7x7 kernels over 32 to 1024 channels in float32 and bfloat16
+    (``benchmarks/results/conv_workspace_sweep_h200.json.gz``; the "bias" pass of
+    ``tests/gpu/record_depthwise_sweep.py``'s rows matches it on 252 of 255 bfloat16 7x7
+    layers), to the KiB where the rule holds. cuDNN's own workspaces are another matter
+    (:func:`_recorded_depthwise_2d`). ``bias``: whether the layer has a bias whose gradient
+    is asked for (else none); in the channels-first (NCHW) layout none is taken."""
+    if (
+        not bias
+        or x.dim() != 4
+        or groups == 1
+        or groups != int(x.shape[1])
+        or int(w.shape[0]) != groups
+    ):
         return 0
     if x.is_contiguous() or not (
         x.is_contiguous(memory_format=torch.channels_last) or _channels_last_weight(w)
