@@ -52,8 +52,10 @@ NOT_CONTIGUOUS = {
 }
 # recorded to show what the estimator does not model yet (docs/estimator.md, the zoo sweep):
 # grouped half-precision convolutions, which transpose their operands (cpubone_nano's forward
-# workspaces: 23.4 MB recorded, 15.6 MB modelled)
-NOT_MODELLED = {"cpubone_nano-bf16"}
+# workspaces: 23.4 MB recorded, 15.6 MB modelled); EfficientViM's forwards, whose grouped and
+# depthwise float32 convolutions over few positions took 25.0 MB where the rule gives 62.4;
+# Visformer's in bfloat16 (grouped among them): 163.8 MB recorded, 72.8 MB modelled
+NOT_MODELLED = {"cpubone_nano-bf16", "efficientvim_m1-fp32", "visformer_tiny-bf16"}
 
 
 @pytest.mark.parametrize("name", TRACES)
@@ -606,3 +608,65 @@ def test_the_estimate_copies_a_pooled_view_and_a_permuted_layer_norm_input():
     # back through the permute not dense either
     assert sizes["max pooling contiguous copy"] == [view, view, pooled]
     assert sizes["layer norm contiguous input"] == [pooled]
+
+
+def _channels_last(desc: dict) -> torch.Tensor:
+    return _meta(desc).contiguous(memory_format=torch.channels_last)
+
+
+def test_a_channels_last_vae_copies_its_loss_gradient_and_transposes_three_channels():
+    """The channels-last VAE's peak on the H200 (op_trace_h200_zoo-vae_channels_last): the
+    backward of its last transposed convolution (64 to 3 channels, 128x128 to 256x256) first
+    copied the reconstruction loss's contiguous gradient channels-last, then its data
+    gradient (a forward convolution over the 3-channel gradient) took the gradient and the
+    weight transposed; the first layer's forward (the same shapes) took the same."""
+    doc = load("zoo-vae_channels_last")
+    backward = [
+        (args, sizes)
+        for args, sizes in _internal_allocations(doc, "convolution_backward")
+        if args[7] and args[0]["shape"][1] == 3
+    ]
+    assert len(backward) == 3  # one a step
+    for args, sizes in backward:
+        grad, x, w = _meta(args[0]), _channels_last(args[1]), _channels_last(args[2])
+        copy = kernels._conv_backward_copies(grad, x, w, weight_gradient=True)
+        assert copy == sizes[0] == _storage(grad)
+        workspace = kernels._conv_transform_bytes(
+            x, w, grad, args[4], args[9], True, gradient="data", swept=True
+        )
+        assert abs(workspace - sizes[1]) <= 512, (workspace, sizes)
+    forward = [
+        (args, sizes)
+        for args, sizes in _internal_allocations(doc, "convolution")
+        if not args[6] and args[0]["shape"][1] == 3
+    ]
+    assert len(forward) == 3
+    for args, sizes in forward:
+        x, w = _channels_last(args[0]), _channels_last(args[1])
+        out = torch.nn.functional.conv2d(x, w, None, args[3], args[4])
+        modelled = kernels._conv_transform_bytes(x, w, out, args[3], 1, False, forward=True)
+        assert abs(modelled - sum(sizes)) <= 512, (modelled, sizes)
+
+
+def test_few_channels_last_forwards_transpose_input_and_weight_as_swept():
+    """The float32 channels-last forwards over 3 and 4 channels of the H200 sweep
+    (workspace_sweep_2_h200, "clfwd"): the rule is exact to the KiB for most, and its total
+    within 15 % of what cuDNN took."""
+    with gzip.open(DATA / "workspace_sweep_2_h200.json.gz", "rt") as f:
+        rows = [
+            r
+            for r in json.load(f)["rows"]
+            if r["kind"] == "clfwd" and r["dtype"] == "fp32" and r["x"][1] in (3, 4)
+        ]
+    assert len(rows) >= 90
+    exact = recorded = modelled = 0
+    for r in rows:
+        x = torch.empty(r["x"], device="meta").contiguous(memory_format=torch.channels_last)
+        w = torch.empty(r["w"], device="meta").contiguous(memory_format=torch.channels_last)
+        out = torch.nn.functional.conv2d(x, w, None, r["stride"], r["padding"])
+        rule = kernels._conv_transform_bytes(x, w, out, r["stride"], 1, False, forward=True)
+        exact += abs(rule - r["extra"]) <= 1024
+        recorded += r["extra"]
+        modelled += rule
+    assert exact >= 0.7 * len(rows), exact
+    assert abs(modelled / recorded - 1) <= 0.15, modelled / recorded

@@ -219,8 +219,12 @@ def test_depthwise_convolutions_take_no_cudnn_workspace_and_grouped_ones_do_in_f
 
 
 def test_channels_last_convolutions_take_no_workspace_and_stay_channels_last():
+    """Except the stem's forward over 3 channels, which took its input and weight transposed
+    (recorded on the H200, op_trace_h200_layer-channels_last: 6,294,928 bytes each step)."""
     t = trace("channels_last", 32)
-    assert not [b for b in t.blocks.values() if b.op.startswith("cuDNN convolution")]
+    workspaces = [b for b in t.blocks.values() if b.op.startswith("cuDNN convolution")]
+    assert [(b.module, b.phase) for b in workspaces] == [("stem", "forward")]
+    assert abs(workspaces[0].size - 6_294_928) <= 512
     nchw = trace("grouped_convolutions", 32)
     assert blocks(t, "convolution.default") == blocks(nchw, "convolution.default")
 

@@ -6,13 +6,15 @@ channels-last layouts, and wide dilated forwards (segmentation heads).
 
 Usage (on a machine with a CUDA GPU):
 
-    python tests/gpu/record_conv_workspace_sweep.py OUT.json [SECONDS]
+    python tests/gpu/record_conv_workspace_sweep.py OUT.json [SECONDS] [--grid first-layers]
 
 Each case builds its tensors, runs the op once with ``cudnn.benchmark`` off (as
 ``vramscope measure`` runs it) and records ``extra``: the peak of allocated memory during
 the op, less what was allocated before it and the op's outputs. The cases come from a
 seeded generator (the same list every run); ``SECONDS`` bounds the run. The recording of
-2026-12-04 on an H200 is ``tests/data/conv_workspace_sweep_h200.json.gz``.
+2026-12-04 on an H200 is ``tests/data/conv_workspace_sweep_h200.json.gz``. ``--grid
+first-layers`` records a grid of the first layers model zoos build instead (patch embeddings
+and stems, :func:`first_layer_grid`): ``tests/data/first_layer_grid_h200.json.gz``.
 """
 
 import json
@@ -23,14 +25,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-torch.backends.cudnn.benchmark = False
-dev = torch.device("cuda")
-out_path = sys.argv[1]
-budget = float(sys.argv[2]) if len(sys.argv) > 2 else 240.0
-rng = random.Random(7)
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-rows = []
-start = time.time()
+rows: list[dict] = []
 
 
 def nbytes(t):
@@ -38,6 +34,7 @@ def nbytes(t):
 
 
 def measure(kind, xs, ws, stride, padding, dilation, groups, dt, mask, channels_last=False):
+    dev = torch.device("cuda")
     n = len(xs) - 2
     x = torch.randn(xs, device=dev, dtype=DT[dt])
     w = torch.randn(ws, device=dev, dtype=DT[dt])
@@ -108,131 +105,181 @@ def safe(*a, **k):
         rows.append({"error": repr(e)[:200], "args": repr(a)[:300]})
 
 
-cases = []
-# A: first layers' weight gradients (input without grad)
-for _ in range(1800):
-    k, s, p = rng.choice(
-        [
-            (16, 16, 0),
-            (14, 14, 0),
-            (8, 8, 0),
-            (4, 4, 0),
-            (2, 2, 0),
-            (7, 4, 3),
-            (7, 2, 3),
-            (5, 2, 2),
-            (3, 2, 1),
-            (11, 4, 2),
-            (4, 2, 1),
-            (6, 2, 2),
-            (9, 1, 4),
-        ]
-    )
-    c = rng.choice([1, 3, 3, 3, 4])
-    co = rng.choice([16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 768])
-    b = rng.choice([1, 2, 4, 8, 16, 32, 64, 128])
-    h = rng.choice([32, 64, 128, 160, 224, 256, 384, 512, 896])
-    dt = rng.choice(["fp32", "fp32", "bf16"])
-    if b * c * h * h * 4 > 1.6e9 or b * co * (h // s) ** 2 * 4 > 2e9:
-        continue
-    cases.append(
-        ("wgrad", (b, c, h, h), (co, c, k, k), (s, s), (p, p), (1, 1), 1, dt, [False, True, False])
-    )
-# the same with a bias gradient and the grid of the recorded ones
-for b in (1, 2, 4, 8, 16, 32, 64, 128):
-    for h, k, s, p, co in (
-        (160, 16, 16, 0, 64),
-        (224, 16, 16, 0, 768),
-        (224, 7, 4, 3, 32),
-        (896, 7, 4, 3, 96),
-        (224, 7, 2, 3, 64),
-        (224, 4, 4, 0, 96),
-        (224, 4, 4, 0, 64),
-    ):
-        for dt in ("fp32", "bf16"):
-            if b * 3 * h * h * 4 <= 1.6e9:
-                cases.append(
-                    (
-                        "wgrad",
-                        (b, 3, h, h),
-                        (co, 3, k, k),
-                        (s, s),
-                        (p, p),
-                        (1, 1),
-                        1,
-                        dt,
-                        [False, True, True],
-                    )
-                )
-# B: grouped 1-D convolutions (a positional convolution)
-for _ in range(300):
-    c = rng.choice([64, 128, 256, 384, 512, 768, 1024])
-    g = rng.choice([16, 16, 8, 4])
-    k = rng.choice([128, 64, 31, 15])
-    t = rng.choice([49, 50, 99, 100, 200, 400, 800, 1600])
-    b = rng.choice([1, 2, 4, 8, 16])
-    dt = rng.choice(["fp32", "fp32", "bf16"])
-    cases.append(
-        ("g1d", (b, c, t), (c, c // g, k), (1,), (k // 2,), (1,), g, dt, [True, True, True])
-    )
-# C: depthwise 3x3 backward, NCHW and channels-last
-for _ in range(250):
-    c = rng.choice([32, 64, 128, 256, 384, 512, 640, 768, 1024])
-    h = rng.choice([7, 14, 28, 56, 112])
-    b = rng.choice([1, 4, 8, 16, 32, 64])
-    dt = rng.choice(["fp32", "fp32", "bf16"])
-    k = rng.choice([3, 3, 5, 7])
-    if b * c * h * h * 4 > 1e9:
-        continue
-    cases.append(
-        (
-            "dw",
-            (b, c, h, h),
-            (c, 1, k, k),
-            (1, 1),
-            (k // 2, k // 2),
-            (1, 1),
-            c,
-            dt,
-            [True, True, True],
-            rng.random() < 0.5,
+def random_cases(rng: random.Random) -> list[tuple]:
+    """The seeded draw of 2026-12-04: first layers, grouped 1-D, depthwise, wide forwards."""
+    cases = []
+    # A: first layers' weight gradients (input without grad)
+    for _ in range(1800):
+        k, s, p = rng.choice(
+            [
+                (16, 16, 0),
+                (14, 14, 0),
+                (8, 8, 0),
+                (4, 4, 0),
+                (2, 2, 0),
+                (7, 4, 3),
+                (7, 2, 3),
+                (5, 2, 2),
+                (3, 2, 1),
+                (11, 4, 2),
+                (4, 2, 1),
+                (6, 2, 2),
+                (9, 1, 4),
+            ]
         )
+        c = rng.choice([1, 3, 3, 3, 4])
+        co = rng.choice([16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 768])
+        b = rng.choice([1, 2, 4, 8, 16, 32, 64, 128])
+        h = rng.choice([32, 64, 128, 160, 224, 256, 384, 512, 896])
+        dt = rng.choice(["fp32", "fp32", "bf16"])
+        if b * c * h * h * 4 > 1.6e9 or b * co * (h // s) ** 2 * 4 > 2e9:
+            continue
+        cases.append(
+            (
+                "wgrad",
+                (b, c, h, h),
+                (co, c, k, k),
+                (s, s),
+                (p, p),
+                (1, 1),
+                1,
+                dt,
+                [False, True, False],
+            )
+        )
+    # the same with a bias gradient and the grid of the recorded ones
+    for b in (1, 2, 4, 8, 16, 32, 64, 128):
+        for h, k, s, p, co in (
+            (160, 16, 16, 0, 64),
+            (224, 16, 16, 0, 768),
+            (224, 7, 4, 3, 32),
+            (896, 7, 4, 3, 96),
+            (224, 7, 2, 3, 64),
+            (224, 4, 4, 0, 96),
+            (224, 4, 4, 0, 64),
+        ):
+            for dt in ("fp32", "bf16"):
+                if b * 3 * h * h * 4 <= 1.6e9:
+                    cases.append(
+                        (
+                            "wgrad",
+                            (b, 3, h, h),
+                            (co, 3, k, k),
+                            (s, s),
+                            (p, p),
+                            (1, 1),
+                            1,
+                            dt,
+                            [False, True, True],
+                        )
+                    )
+    # B: grouped 1-D convolutions (a positional convolution)
+    for _ in range(300):
+        c = rng.choice([64, 128, 256, 384, 512, 768, 1024])
+        g = rng.choice([16, 16, 8, 4])
+        k = rng.choice([128, 64, 31, 15])
+        t = rng.choice([49, 50, 99, 100, 200, 400, 800, 1600])
+        b = rng.choice([1, 2, 4, 8, 16])
+        dt = rng.choice(["fp32", "fp32", "bf16"])
+        cases.append(
+            ("g1d", (b, c, t), (c, c // g, k), (1,), (k // 2,), (1,), g, dt, [True, True, True])
+        )
+    # C: depthwise 3x3 backward, NCHW and channels-last
+    for _ in range(250):
+        c = rng.choice([32, 64, 128, 256, 384, 512, 640, 768, 1024])
+        h = rng.choice([7, 14, 28, 56, 112])
+        b = rng.choice([1, 4, 8, 16, 32, 64])
+        dt = rng.choice(["fp32", "fp32", "bf16"])
+        k = rng.choice([3, 3, 5, 7])
+        if b * c * h * h * 4 > 1e9:
+            continue
+        cases.append(
+            (
+                "dw",
+                (b, c, h, h),
+                (c, 1, k, k),
+                (1, 1),
+                (k // 2, k // 2),
+                (1, 1),
+                c,
+                dt,
+                [True, True, True],
+                rng.random() < 0.5,
+            )
+        )
+    # D: dilated and plain 3x3 forwards, wide (segmentation heads, dilated ResNets)
+    for _ in range(200):
+        ci = rng.choice([256, 512, 1024, 2048])
+        co = rng.choice([256, 512, 1024, 2048])
+        d = rng.choice([1, 2, 4])
+        h = rng.choice([28, 30, 32, 60, 64])
+        b = rng.choice([1, 2, 4, 8, 16])
+        dt = rng.choice(["fp32", "fp32", "bf16"])
+        cases.append(("fwd", (b, ci, h, h), (co, ci, 3, 3), (1, 1), (d, d), (d, d), 1, dt, None))
+    rng.shuffle(cases)
+    return cases
+
+
+def first_layer_grid() -> list[tuple]:
+    """First layers as model zoos build them, a grid rather than a draw: patch embeddings
+    (kernel = stride 4, 14, 16) and 7x7 stride-2 stems into 32 to 1024 channels, over 160 to
+    384 pixels, batch 1 to 64, float32 and bfloat16, with the bias's gradient."""
+    cases = []
+    for k, s, p in ((16, 16, 0), (14, 14, 0), (4, 4, 0), (7, 2, 3)):
+        for co in (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024):
+            for h in (224, 160, 256, 384):
+                for b in (1, 2, 4, 8, 16, 32, 64):
+                    for dt in ("fp32", "bf16"):
+                        if b * co * (h // s) ** 2 * 4 > 2e9:
+                            continue
+                        cases.append(
+                            ("wgrad", (b, 3, h, h), (co, 3, k, k), (s, s), (p, p), (1, 1), 1,
+                             dt, [False, True, True])
+                        )  # fmt: skip
+    return cases
+
+
+def main(argv: list[str]) -> int:
+    """``OUT [SECONDS] [--grid first-layers]``: the seeded draw, or the grid of first layers."""
+    torch.backends.cudnn.benchmark = False
+    grid = "--grid" in argv
+    if grid:
+        at = argv.index("--grid")
+        argv = argv[:at] + argv[at + 2 :]
+    out_path = argv[0]
+    budget = float(argv[1]) if len(argv) > 1 else 240.0
+    cases = first_layer_grid() if grid else random_cases(random.Random(7))
+    start = time.time()
+    for c in cases:
+        if time.time() - start > budget:
+            break
+        kind = c[0]
+        if kind == "dw":
+            safe(*c[:9], channels_last=c[9])
+        else:
+            safe(*c)
+    with open(out_path, "w") as f:
+        json.dump(
+            {
+                "torch": torch.__version__,
+                "cudnn": torch.backends.cudnn.version(),
+                "gpu": torch.cuda.get_device_name(),
+                "rows": rows,
+                "planned": len(cases),
+            },
+            f,
+        )
+    print(
+        len(rows),
+        "of",
+        len(cases),
+        "in",
+        round(time.time() - start),
+        "s; errors",
+        sum("error" in r for r in rows),
     )
-# D: dilated and plain 3x3 forwards, wide (segmentation heads, dilated ResNets)
-for _ in range(200):
-    ci = rng.choice([256, 512, 1024, 2048])
-    co = rng.choice([256, 512, 1024, 2048])
-    d = rng.choice([1, 2, 4])
-    h = rng.choice([28, 30, 32, 60, 64])
-    b = rng.choice([1, 2, 4, 8, 16])
-    dt = rng.choice(["fp32", "fp32", "bf16"])
-    cases.append(("fwd", (b, ci, h, h), (co, ci, 3, 3), (1, 1), (d, d), (d, d), 1, dt, None))
-rng.shuffle(cases)
-for c in cases:
-    if time.time() - start > budget:
-        break
-    kind = c[0]
-    if kind == "dw":
-        safe(*c[:9], channels_last=c[9])
-    else:
-        safe(*c)
-with open(out_path, "w") as f:
-    json.dump(
-        {
-            "torch": torch.__version__,
-            "cudnn": torch.backends.cudnn.version(),
-            "gpu": torch.cuda.get_device_name(),
-            "rows": rows,
-            "planned": len(cases),
-        },
-        f,
-    )
-print(
-    len(rows),
-    "of",
-    len(cases),
-    "in",
-    round(time.time() - start),
-    "s; errors",
-    sum("error" in r for r in rows),
-)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -871,7 +871,13 @@ def _conv_transform_bytes(
         return 0
     if not x.is_contiguous() or _channels_last_weight(w):
         # channels-last (NHWC) already: no transposes; a channels-last weight makes torch run
-        # the convolution channels-last whatever the input's layout (its suggested format)
+        # the convolution channels-last whatever the input's layout (its suggested format).
+        # A forward over a few channels is the exception (a transposed convolution's data
+        # gradient is such a forward, over the output's gradient)
+        if forward and not transposed:
+            return _few_channels_last_forward_bytes(x, w)
+        if transposed and gradient == "data":
+            return _few_channels_last_forward_bytes(out, w)
         return 0
     if transposed:
         return _transposed_conv_bytes(x, out, forward, gradient)
@@ -919,6 +925,31 @@ def _conv_transform_bytes(
 # a float32 1x1 stride-1 forward from at least 1,024 to at least 2,048 channels over more
 # than this many batch × positions takes an NCHW-to-NHWC engine (see _wide_pointwise_fp32)
 _WIDE_POINTWISE_ROWS = 4096
+
+
+# a float32 channels-last forward over 2 to 4 channels from this many input elements on
+# transposes its input and weight (see _few_channels_last_forward_bytes)
+_FEW_CHANNELS_LAST_FROM = 1 << 19
+
+
+def _few_channels_last_forward_bytes(x: Any, w: Any) -> int:
+    """A float32 2-D forward convolution over a channels-last input of 2 to 4 channels (an
+    image's first layer in channels-last; a transposed convolution's data gradient into an
+    image): cuDNN's engine takes a workspace holding the input and the weight (both
+    transposed). Recorded on an H200 (cuDNN 9.19, ``tests/gpu/record_workspace_sweep_2.py``,
+    the "clfwd" rows: 3 and 4 channels, 3x3 to 16x16 kernels, batch 1 to 64, 64x64 to
+    512x512): from 2**19 input elements on, 46 of 59 took input + weight to the KiB (the
+    rest none but one; their total 0.89 of the rule's); below, 25 of 37 none, the rest at
+    most 2.2 MiB. One channel (laid out as in NCHW) took none (32 of 36). A channels-last VAE
+    on the H200 took it for its first layer's forward and for its last transposed layer's
+    data gradient (``tests/data/op_trace_h200_zoo-vae_channels_last.json.gz``: 25,178,128
+    bytes each, the 3 x 256 x 256 input and the 64 x 3 x 4 x 4 weight). Half precision
+    takes other sizes (the channels padded): not modelled."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.dtype != torch.float32:
+        return 0
+    if not 2 <= int(x.shape[1]) <= 4 or x.numel() < _FEW_CHANNELS_LAST_FROM:
+        return 0
+    return _storage_bytes(x) + _storage_bytes(w) + _CUDNN_SLACK
 
 
 def _wide_pointwise_fp32(x: Any, w: Any) -> bool:
@@ -1108,6 +1139,33 @@ def _strides_like_channels_last(x: torch.Tensor) -> bool:
     return True
 
 
+def _recorded_first_layer_wgrad(
+    x: Any, w: Any, stride: Any, padding: Any, dilation: Any, groups: int
+) -> int | None:
+    """What the backward of a first layer (its input needs no gradient) allocated beyond its
+    gradients, as recorded on an H200 (torch 2.11, cuDNN 9.19) for this very shape over a
+    channels-first input; None when it was not recorded
+    (``recorded/first_layer_wgrad_h200.json.gz``, built by ``tests/gpu/first_layer_table.py``
+    from ``tests/gpu/record_conv_workspace_sweep.py``'s 4,027 shapes: a seeded draw of 1 to 4
+    channels, kernels of 2x2 to 16x16, batch 1 to 128, 32x32 to 896x896, and a grid of patch
+    embeddings (4x4, 14x14, 16x16) and 7x7 stride-2 stems into 32 to 1024 channels over 160
+    to 384 pixels, batch 1 to 64; float32 and bfloat16). The same shape recorded twice took
+    the same engine within 2 % mostly, up to 11 % apart for a few 4x4 patches: the larger is
+    kept. cuDNN's weight-gradient engines for such layers pad the input's
+    channels and keep split-K partial sums of the (padded) weight in numbers no rule of the
+    shape gives: from none to 274 float32 copies (16x16 patches of 160x160 images into 64
+    channels: 57 copies at batch 16 and 32, 121 at 64, 1 at 96). Only recorded shapes are
+    read; outside them :func:`_conv_transform_bytes`'s rules apply."""
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 4:
+        return None
+    if not x.is_contiguous() or int(x.shape[1]) > 4:
+        return None
+    parts = [*x.shape, *w.shape, *stride, *padding, *dilation, groups]
+    key = ",".join(str(int(n)) for n in parts) + "," + str(x.dtype).split(".")[-1]
+    row = _recorded_table("first_layer_wgrad_h200").get(key)
+    return int(row) if row is not None else None
+
+
 def _conv_backward_workspaces(
     recorder: Recorder, args: tuple[Any, ...], out: Any, swept: bool = False
 ) -> None:
@@ -1127,9 +1185,11 @@ def _conv_backward_workspaces(
         )
         return
     # a gradient that is not laid out as the input (the output was permuted or flattened
-    # after the convolution: ViT's and ConvNeXt's patch embeddings) is copied first and kept
-    # until the op ends (recorded on an H200)
-    copy = 0 if _laid_out_like(grad_out, x) else _storage_bytes(grad_out)
+    # after the convolution: ViT's and ConvNeXt's patch embeddings; a contiguous gradient of
+    # a channels-last convolution: a loss's gradient, GroupNorm's) is copied first and kept
+    # until the op ends (recorded on an H200); so is an input not laid out in the format
+    # the convolution runs in, where the weight's gradient needs it (Convolution.cpp)
+    copy = _conv_backward_copies(grad_out, x, w, bool(mask[1]))
     if mask[0] and isinstance(out[0], torch.Tensor):
         size = copy + _conv_transform_bytes(
             x, w, grad_out, stride, groups, transposed, gradient="data", swept=swept
@@ -1141,7 +1201,21 @@ def _conv_backward_workspaces(
         recorder.transient(
             size, "temporary", "cuDNN convolution backward (data) workspace", (key, (0,)), later
         )
-    if mask[1] and isinstance(out[1], torch.Tensor):
+    first_layer = (
+        _recorded_first_layer_wgrad(x, w, stride, args[5], args[6], groups)
+        if swept and not transposed and not mask[0]
+        else None
+    )
+    if first_layer is not None and mask[1] and isinstance(out[1], torch.Tensor):
+        # the weight gradient's workspace as recorded for this very shape (+ the copy)
+        key = _plan_key("weight", x, w, stride)
+        recorder.transient(
+            first_layer + copy,
+            "temporary",
+            "cuDNN convolution backward (weight) workspace (recorded)",
+            (key, (0,)),
+        )
+    elif mask[1] and isinstance(out[1], torch.Tensor):
         size = _conv_transform_bytes(
             x,
             out[1],
@@ -1212,16 +1286,33 @@ def _channels_last_weight(w: Any) -> bool:
     )
 
 
-def _laid_out_like(grad: Any, x: Any) -> bool:
-    """Whether a convolution's output gradient is dense in the input's memory format (else
-    cuDNN's caller makes it so, a copy)."""
-    if grad.is_contiguous():
-        return True
-    if grad.dim() == 4 and not x.is_contiguous():
-        return grad.is_contiguous(memory_format=torch.channels_last)
-    if grad.dim() == 5 and not x.is_contiguous():
-        return grad.is_contiguous(memory_format=torch.channels_last_3d)
-    return False
+def _conv_backward_copies(grad: Any, x: Any, w: Any, weight_gradient: bool) -> int:
+    """What a cuDNN convolution's backward copies before its passes, kept until it returns
+    (``convolution_backward`` in ``Convolution.cpp``, ``ConvShared.cpp``): the input made
+    contiguous in the format the convolution runs in (channels-last when the input or the
+    weight is: ``cudnn_conv_suggest_memory_format``) where the weight's gradient needs it,
+    and the output's gradient made dense in that input's format. Recorded on an H200 for a
+    channels-last VAE (``op_trace_h200_zoo-vae_channels_last``): the contiguous gradient of
+    its reconstruction loss was copied channels-last (25,165,824 bytes, its peak), and the
+    channels-first output of GroupNorm, the input of a channels-last convolution, copied."""
+    from vramscope.estimate.cuda_device import cudnn_conv_memory_format
+
+    if x.dim() not in (4, 5) or not isinstance(w, torch.Tensor) or w.dim() != x.dim():
+        # a 1-D one is viewed as 2-D first (its layout then is not modelled): only a gradient
+        # that is not contiguous is copied
+        return 0 if grad.is_contiguous() else _storage_bytes(grad)
+    fmt = cudnn_conv_memory_format(x, w)
+    copy = 0
+    if weight_gradient and not x.is_contiguous(memory_format=fmt):
+        copy += _storage_bytes(x)
+    elif not weight_gradient and not x.is_contiguous(memory_format=fmt):
+        # the input stays as it is: the gradient follows the input's own suggested format
+        from torch._prims_common import suggest_memory_format
+
+        fmt = suggest_memory_format(x)
+    if not grad.is_contiguous(memory_format=fmt):
+        copy += _storage_bytes(grad)
+    return copy
 
 
 # the least the weight gradient's split-K partials took: 14 float32 slices of a 64x64x3x3
