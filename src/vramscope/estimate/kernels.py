@@ -1237,10 +1237,62 @@ def _conv_backward_workspaces(
         if copy and not mask[0]:  # (with a data gradient, the copy is counted with its own)
             size += copy
             ladder = tuple(n + copy for n in ladder)
+        per_image = (
+            _pointwise_wgrad_partials(x, w, stride, groups) if swept and not transposed else None
+        )
+        if per_image is not None:
+            # the engine that keeps a weight per image, or the one that transposes: cuDNN's
+            # pick among them follows no rule found (see the function), the larger is taken
+            per_image += copy if not mask[0] else 0
+            if per_image > size:
+                size, ladder = per_image, (0,)
         key = _plan_key("weight", x, w, stride)
         recorder.transient(
             size, "temporary", "cuDNN convolution backward (weight) workspace", (key, ladder)
         )
+
+
+# the most that the per-image partial sums of a 1x1 weight gradient were recorded to take,
+# and the weight (elements) from which they were not taken
+_PER_IMAGE_PARTIALS_MAX = 64 * MiB
+_PER_IMAGE_PARTIALS_WEIGHT = 1 << 20
+
+
+def _pointwise_wgrad_partials(x: Any, w: Any, stride: Any, groups: int) -> int | None:
+    """The workspace of the weight gradient of a 1x1 stride-1 convolution (1-D or 2-D, not
+    grouped, channels-first) over more than one position: one float32 partial weight
+    gradient per image, reduced after (``batch x out x in x 4`` bytes; no transposes).
+    Recorded on an H200 (torch 2.11, cuDNN 9.19, ``tests/data/op_trace_h200_*``, first
+    steps): of the 157 such weight gradients of EfficientViM-M1 and PoolFormer-v2 (float32,
+    batch 16), CPUBone-nano and Visformer-tiny (bfloat16, batch 16) and ResNet-50 (bfloat16,
+    batch 128: 128 copies), 104 took exactly that, over 3x3 to 56x56 positions, 24 to 1,536
+    channels, 0.1 to 64 MiB (taken below 28x28 positions only: 64 of the 96 there exact).
+    Where it would be more than 64 MiB or the weight has 2**20 elements or more (PoolFormer's and ResNet-50's 2,048-channel ones, ResNet-50's 14x14
+    ones at batch 128: 21) none did (other engines, the input and output transposed):
+    ``None``, the general rule. Of the other 32 (not modelled), 20 took less (input and
+    output transposed: 768 channels narrowed to 192 over 7x7, Visformer's 192 to 576 and
+    768 over 14x14; up to 7.5 MiB less), two of 27 outputs none, and 10 more (PoolFormer's
+    1,280 to 320 over 14x14: 1.6 MiB; Visformer's 192 to 192: 48 KiB). Which of the two
+    engines runs follows no rule found, so the caller takes the larger of this and the
+    transposes (never under what either engine takes)."""
+    if x.dim() not in (3, 4) or groups != 1 or not isinstance(w, torch.Tensor):
+        return None
+    if any(int(n) != 1 for n in w.shape[2:]) or any(int(s) != 1 for s in stride):
+        return None
+    if not x.is_contiguous() or _channels_last_weight(w):
+        return None
+    positions = math.prod(int(n) for n in x.shape[2:])
+    if positions <= 1:
+        return None  # a linear layer over pooled features (1x1 positions): none recorded
+    if positions >= 28 * 28:
+        # the general rule's GEMM (none): recorded per image in half precision and over
+        # permuted inputs up to 56x56, but a float32 one of 32 to 64 channels over 64x64
+        # (op_trace_h200_layer-grouped_convolutions) took input and output transposed
+        return None
+    if w.numel() >= _PER_IMAGE_PARTIALS_WEIGHT:
+        return None
+    size = int(x.shape[0]) * w.numel() * 4
+    return size if size <= _PER_IMAGE_PARTIALS_MAX else None
 
 
 def _depthwise_channels_last_backward_bytes(
