@@ -79,6 +79,13 @@ SCENARIOS = {
 }
 
 
+def _interruptible() -> None:
+    """The script hears SIGINT as a terminal's script does: a test run started in the
+    background by a non-interactive shell (``pytest ... &``) ignores SIGINT, and a child
+    inherits that (POSIX), so Ctrl-C would never reach it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def play(name: str, folder: Path) -> Scenario:
     """Run scenario ``name`` to its end in ``folder``, reading what the script prints."""
     scenario = replace(SCENARIOS[name], done=[], folder=folder)
@@ -90,6 +97,7 @@ def play(name: str, folder: Path) -> Scenario:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as under `timeout` or a scheduler
+        preexec_fn=_interruptible,
     )
     seen: dict[str, float] = {}
 
