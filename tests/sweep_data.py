@@ -15,6 +15,28 @@ DATA = Path(__file__).parent / "data"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def write_table(out: Path, document: dict) -> None:
+    """A recorded table the estimator ships (``src/vramscope/estimate/recorded``): compact
+    JSON, gzipped with no timestamp, so that the same recordings give the same bytes."""
+    text = json.dumps(document, separators=(",", ":")).encode()
+    out.write_bytes(gzip.compress(text, mtime=0))
+    print(f"{out}: {len(document['rows'])} rows")
+
+
+def depthwise_rule(row: dict, gpu: str = "h200") -> int:
+    """What ``_depthwise_channels_last_backward_bytes`` gives a recorded depthwise row."""
+    from vramscope.estimate.kernels import _depthwise_channels_last_backward_bytes
+    from vramscope.estimate.profiles import get_profile
+
+    dtype = DTYPES[row["dtype"]]
+    x = torch.empty(row["x"], dtype=dtype, device="meta")
+    w = torch.empty(row["w"], dtype=dtype, device="meta")
+    if row["cl"]:
+        x = x.contiguous(memory_format=torch.channels_last)
+        w = w.contiguous(memory_format=torch.channels_last)
+    return _depthwise_channels_last_backward_bytes(x, w, row["groups"], get_profile(gpu))
+
+
 def recorded(file: str, kind: str) -> list[dict]:
     """The rows of one kind in a sweep's file, after checking where it was recorded."""
     document = json.loads(gzip.decompress((DATA / file).read_bytes()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sweep_data import DTYPES
+from sweep_data import depthwise_rule
 from sweep_data import recorded as recorded_in
 from vramscope.estimate.kernels import _depthwise_channels_last_backward_bytes
 from vramscope.estimate.profiles import get_profile
@@ -21,13 +21,7 @@ def recorded(kind: str) -> list[dict]:
 
 
 def predicted(row: dict) -> int:
-    dtype = DTYPES[row["dtype"]]
-    x = torch.empty(row["x"], dtype=dtype, device="meta")
-    w = torch.empty(row["w"], dtype=dtype, device="meta")
-    if row["cl"]:
-        x = x.contiguous(memory_format=torch.channels_last)
-        w = w.contiguous(memory_format=torch.channels_last)
-    return _depthwise_channels_last_backward_bytes(x, w, row["groups"], get_profile("h200"))
+    return depthwise_rule(row)
 
 
 def close(row: dict) -> bool:

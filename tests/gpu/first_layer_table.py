@@ -20,19 +20,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1] / "src"))
 
-from sweep_data import DATA, recorded  # noqa: E402
+from sweep_data import DATA, DTYPES, recorded, write_table  # noqa: E402
+from vramscope.estimate.kernels import first_layer_key  # noqa: E402
 
 SWEEPS = ("conv_workspace_sweep_h200.json.gz", "first_layer_grid_h200.json.gz")
 OUT = HERE.parents[1] / "src/vramscope/estimate/recorded/first_layer_wgrad_h200.json.gz"
-TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-def key(x: list[int], w: list[int], stride, padding, dilation, groups: int, dtype: str) -> str:
-    """A row's key: the input's and the weight's shapes, stride, padding, dilation, groups and
-    dtype (as torch names it), comma-separated."""
-    parts = [*x, *w, *stride, *padding, *dilation, groups]
-    return ",".join(str(int(n)) for n in parts) + f",{dtype}"
 
 
 def table() -> dict:
@@ -51,8 +45,8 @@ def table() -> dict:
         for r in recorded(sweep, "wgrad"):
             if r["cl"] or "extra" not in r:
                 continue
-            k = key(r["x"], r["w"], r["stride"], r["padding"], r["dilation"], r["groups"],
-                    TORCH_NAMES[r["dtype"]])  # fmt: skip
+            k = first_layer_key(r["x"], r["w"], r["stride"], r["padding"], r["dilation"],
+                                r["groups"], DTYPES[r["dtype"]])  # fmt: skip
             rows[k] = max(rows.get(k, 0), int(r["extra"]))
     return {
         "meta": {
@@ -69,11 +63,7 @@ def table() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[0]) if argv else OUT
-    document = table()
-    text = json.dumps(document, separators=(",", ":")).encode()
-    out.write_bytes(gzip.compress(text, mtime=0))  # the same bytes for the same recording
-    print(f"{out}: {len(document['rows'])} rows")
+    write_table(Path(argv[0]) if argv else OUT, table())
     return 0
 
 

@@ -32,15 +32,12 @@ import sys
 from itertools import accumulate
 from pathlib import Path
 
-import torch
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 
-from sweep_data import DATA, DTYPES  # noqa: E402
-from vramscope.estimate.kernels import _depthwise_channels_last_backward_bytes  # noqa: E402
-from vramscope.estimate.profiles import get_profile  # noqa: E402
+from sweep_data import DATA, DTYPES, depthwise_rule, write_table  # noqa: E402
+from vramscope.estimate.kernels import depthwise_key  # noqa: E402
 
 MiB = 2**20
 
@@ -55,8 +52,6 @@ def load(path: Path) -> tuple[dict, list[dict]]:
 
 
 SWEEPS = ("depthwise_sweep_h200.json.gz", "depthwise_sweep_h200_2.json.gz")
-# the table's dtype names: torch's
-TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def pass_peak(sizes: list[int]) -> int:
@@ -82,9 +77,8 @@ def table(paths: list[Path]) -> dict:
         for r in recorded:
             if "bwd_ws" not in r:
                 continue
-            b, c, h, w = r["x"]
             layout = "channels_last" if r["cl"] else "contiguous"
-            key = f"{layout},{b},{c},{h},{w},{r['w'][2]},{TORCH_NAMES[r['dtype']]}"
+            key = depthwise_key(layout, r["x"], r["w"][2], DTYPES[r["dtype"]])
             rows[key] = [pass_peak(r["bwd_ws"]["dgrad"]), pass_peak(r["bwd_ws"]["wgrad"])]
     meta["columns"] = ["dgrad_workspace", "wgrad_workspace"]
     meta["about"] = (
@@ -97,22 +91,8 @@ def table(paths: list[Path]) -> dict:
     return {"meta": meta, "rows": dict(sorted(rows.items()))}
 
 
-def write_table(out: Path, paths: list[Path]) -> int:
-    document = table(paths)
-    text = json.dumps(document, separators=(",", ":")).encode()
-    out.write_bytes(gzip.compress(text, mtime=0))  # the same bytes for the same recordings
-    print(f"{out}: {len(document['rows'])} rows")
-    return 0
-
-
 def predicted(row: dict, gpu: str = "h200") -> int:
-    dtype = DTYPES[row["dtype"]]
-    x = torch.empty(row["x"], dtype=dtype, device="meta")
-    w = torch.empty(row["w"], dtype=dtype, device="meta")
-    if row["cl"]:
-        x = x.contiguous(memory_format=torch.channels_last)
-        w = w.contiguous(memory_format=torch.channels_last)
-    return _depthwise_channels_last_backward_bytes(x, w, row["groups"], get_profile(gpu))
+    return depthwise_rule(row, gpu)
 
 
 def numel(row: dict) -> int:
@@ -211,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--forward", action="store_true")
     args = parser.parse_args(argv)
     if args.table:
-        return write_table(args.table, args.path or [DATA / name for name in SWEEPS])
+        write_table(args.table, table(args.path or [DATA / name for name in SWEEPS]))
+        return 0
     if len(args.path) > 1:
         parser.error("one recording at a time (several only with --table)")
     args.path = args.path[0] if args.path else DATA / "conv_workspace_sweep_h200.json.gz"

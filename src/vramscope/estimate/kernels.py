@@ -91,6 +91,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch._prims_common import suggest_memory_format
 from torch.overrides import TorchFunctionMode
 
 if TYPE_CHECKING:
@@ -759,8 +760,6 @@ def _max_pool_copies(recorder: Recorder, func: Any, args: tuple[Any, ...]) -> No
     q/k/v projection, pooled as SAM2's Hiera pools its queries), alive until the kernel ends.
     Recorded on an H200: Hiera's query pooling copies its 308 MiB input in the forward and
     again in the backward."""
-    from torch._prims_common import suggest_memory_format
-
     tensors = [args[i] for i in _MAX_POOL_2D[func] if i < len(args)]
     if not tensors or not isinstance(tensors[0], torch.Tensor) or not _on_cuda(tensors[0]):
         return
@@ -1075,9 +1074,8 @@ def _recorded_grouped_1d(
         layout = "transposed"
     else:
         return None
-    dtype = str(x.dtype).split(".")[-1]
     row = _recorded_table("grouped_conv1d_h200").get(
-        f"{layout},{b},{c},{length},{k},{groups},{dtype}"
+        f"{layout},{b},{c},{length},{k},{groups},{_dtype_name(x.dtype)}"
     )
     return (int(row[0]), int(row[1])) if row is not None else None
 
@@ -1106,37 +1104,40 @@ def _recorded_depthwise_2d(
         or w.dim() != 4
     ):
         return None
-    b, c, h, width = (int(n) for n in x.shape)
-    k = int(w.shape[2])
+    c, k = int(x.shape[1]), int(w.shape[2])
     if groups != c or tuple(int(n) for n in w.shape) != (c, 1, k, k):
         return None
     if [int(n) for n in stride] != [1, 1] or [int(n) for n in dilation] != [1, 1]:
         return None
     if [int(n) for n in padding] != [k // 2, k // 2]:
         return None
-    if x.is_contiguous() or not _strides_like_channels_last(x):
+    # strides in channels-last order, gaps allowed (MambaOut's depthwise convolution reads a
+    # slice of its channels): torch hands cuDNN a dense channels-last copy of the same shape
+    if x.is_contiguous() or suggest_memory_format(x) != torch.channels_last:
         return None
-    dtype = str(x.dtype).split(".")[-1]
-    row = _recorded_table("depthwise_conv2d_h200").get(
-        f"channels_last,{b},{c},{h},{width},{k},{dtype}"
-    )
+    key = depthwise_key("channels_last", x.shape, k, x.dtype)
+    row = _recorded_table("depthwise_conv2d_h200").get(key)
     return (int(row[0]), int(row[1])) if row is not None else None
 
 
-def _strides_like_channels_last(x: torch.Tensor) -> bool:
-    """Whether torch's ``suggest_memory_format`` says channels-last for a 4-D tensor (its
-    strides ordered C, W, H, N, gaps allowed: MambaOut's depthwise convolution reads a slice
-    of its channels), so that cuDNN is handed a dense channels-last copy of the same shape
-    (``is_channels_last_strides_2d`` in ``c10/core/MemoryFormat.h``)."""
-    sizes, strides = x.shape, x.stride()
-    if x.is_contiguous(memory_format=torch.channels_last):
-        return True
-    least = 0
-    for d in (1, 3, 2, 0):
-        if strides[d] < least or (d == 0 and least == strides[1]):
-            return False
-        least = strides[d] * (int(sizes[d]) if int(sizes[d]) > 1 else 1)
-    return True
+def depthwise_key(layout: str, shape: Any, kernel: int, dtype: torch.dtype) -> str:
+    """A row's key in the recorded depthwise table: layout, the input's shape, the kernel
+    and the dtype (as torch names it), comma-separated."""
+    return ",".join([layout, *(str(int(n)) for n in shape), str(kernel), _dtype_name(dtype)])
+
+
+def first_layer_key(
+    x_shape: Any, w_shape: Any, stride: Any, padding: Any, dilation: Any, groups: int,
+    dtype: torch.dtype,
+) -> str:  # fmt: skip
+    """A row's key in the recorded first-layer table: the input's and the weight's shapes,
+    stride, padding, dilation, groups and the dtype (as torch names it), comma-separated."""
+    parts = [*x_shape, *w_shape, *stride, *padding, *dilation, groups]
+    return ",".join(str(int(n)) for n in parts) + "," + _dtype_name(dtype)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).split(".")[-1]
 
 
 def _recorded_first_layer_wgrad(
@@ -1160,8 +1161,7 @@ def _recorded_first_layer_wgrad(
         return None
     if not x.is_contiguous() or int(x.shape[1]) > 4:
         return None
-    parts = [*x.shape, *w.shape, *stride, *padding, *dilation, groups]
-    key = ",".join(str(int(n)) for n in parts) + "," + str(x.dtype).split(".")[-1]
+    key = first_layer_key(x.shape, w.shape, stride, padding, dilation, groups, x.dtype)
     row = _recorded_table("first_layer_wgrad_h200").get(key)
     return int(row) if row is not None else None
 
@@ -1355,13 +1355,11 @@ def _conv_backward_copies(grad: Any, x: Any, w: Any, weight_gradient: bool) -> i
         return 0 if grad.is_contiguous() else _storage_bytes(grad)
     fmt = cudnn_conv_memory_format(x, w)
     copy = 0
-    if weight_gradient and not x.is_contiguous(memory_format=fmt):
-        copy += _storage_bytes(x)
-    elif not weight_gradient and not x.is_contiguous(memory_format=fmt):
-        # the input stays as it is: the gradient follows the input's own suggested format
-        from torch._prims_common import suggest_memory_format
-
-        fmt = suggest_memory_format(x)
+    if not x.is_contiguous(memory_format=fmt):
+        if weight_gradient:
+            copy += _storage_bytes(x)
+        else:  # the input stays as it is: the gradient follows its own suggested format
+            fmt = suggest_memory_format(x)
     if not grad.is_contiguous(memory_format=fmt):
         copy += _storage_bytes(grad)
     return copy

@@ -275,6 +275,12 @@ class Recorder:
         the marked steps: each runs in a window of the allocator's trace)."""
         return self.device_type != "cuda" or not self._windowed or self._history_on
 
+    @property
+    def takes_roots(self) -> bool:
+        """Whether a model's outermost call is noted now (it places markers, or allocations
+        are recorded: its storages are labelled)."""
+        return self.markers or self.recording
+
     # ---- CUDA source ----------------------------------------------------------------------------
     def maybe_start_cuda(self) -> None:
         """Start the allocator's trace once the process has a CUDA context (never create one)."""

@@ -114,24 +114,20 @@ def full_gradient_bytes(
     once; frozen parameters have none). Parameters that are views of one storage (FSDP1's
     original parameters in its flat parameter) count each distinct view, the storage's
     bytes at most: one gradient buffer holds them all. ``params``: the models' parameters
-    when the caller has them (:func:`model_tensors`); ``storages``: a count's lookups, whose
-    allocator bytes (rounded up) come to the same blocks."""
+    when the caller has them (:func:`model_tensors`); ``storages``: a count's lookups (each
+    storage's allocator bytes, rounded up: the same blocks)."""
     if params is None:
         params = model_tensors(models)[0]
+    if storages is None:
+        storages = _Storages(device_type)
     views: dict[int, tuple[int, set[tuple[int, int]]]] = {}
     for p in params:
         if not p.requires_grad:
             continue
-        if storages is not None:
-            found = storages.of(p)
-            if found is None:
-                continue
-            ptr, nbytes = found
-        else:
-            storage = _storage_on(p, device_type)
-            if storage is None:
-                continue
-            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        found = storages.of(p)
+        if found is None:
+            continue
+        ptr, nbytes = found
         local = local_tensor(p)
         entry = views.setdefault(ptr, (nbytes, set()))
         entry[1].add((local.storage_offset(), local.numel() * local.element_size()))

@@ -496,7 +496,7 @@ class Session(StepBoundaries):
             if known:
                 self._models.add(module)
                 attribution = self._attribution
-                if attribution is not None and (attribution.markers or attribution.recording):
+                if attribution is not None and attribution.takes_roots:
                     attribution.adopt_root(module)  # (the count's census names its storages)
                 self._count_objects()
         if known:
@@ -541,7 +541,7 @@ class Session(StepBoundaries):
         ):
             self._transition("forward", new_step=new_step)
         attribution = self._attribution
-        if attribution is not None and (attribution.markers or attribution.recording):
+        if attribution is not None and attribution.takes_roots:
             attribution.on_root(module)  # attribution: mark the model's modules
         step = self._step
         if step is not None:
