@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import os
 import platform
 import time
@@ -148,7 +149,7 @@ def estimate(
             )
         else:
 
-            def traced(variant: str) -> tuple[Report, Trace]:
+            def traced(variant: str, draws_at_top: bool = False) -> tuple[Report, Trace]:
                 trace = trace_workload(
                     spec,
                     batch_size,
@@ -157,6 +158,7 @@ def estimate(
                     accumulate=accumulate,
                     steps=max(steps, 2),
                     variant=variant,
+                    draws_at_top=draws_at_top,
                 )
                 report, _ = replay_report(
                     spec.spec,
@@ -170,9 +172,60 @@ def estimate(
                 )
                 return report, trace
 
-            report = _bounded_by_assumptions(*traced(HEAVY), traced)
+            report, trace = _drawn_at_top(*traced(HEAVY), traced)
+            report = _bounded_by_assumptions(
+                report, trace, functools.partial(traced, draws_at_top=trace.draws_at_top)
+            )
     report.extra["estimate"]["seconds"] = round(time.perf_counter() - started, 3)
     return report
+
+
+def _drawn_at_top(
+    report: Report, trace: Trace, traced: Callable[..., tuple[Report, Trace]]
+) -> tuple[Report, Trace]:
+    """A random integer draw of the step made a size (sequence lengths packed, a count):
+    the run draws again in every step and its peak follows the longest draw, so the step is
+    traced again with every such draw at the top of its range
+    (:data:`~vramscope.estimate.scalars.INTEGER_DRAW`) and the larger estimate kept; the
+    report says which draws and how many bytes depend on them."""
+    if not trace.sized_by_draws:
+        return report, trace
+    try:
+        top, top_trace = traced(HEAVY, draws_at_top=True)
+    except VramscopeError as exc:
+        top, top_trace, failed = None, None, str(exc)
+    else:
+        failed = None
+    chosen, chosen_trace, other = report, trace, top
+    if top is not None and top.peak.allocated_bytes > report.peak.allocated_bytes:
+        chosen, chosen_trace, other = top, top_trace, report
+    draws = "; ".join(trace.sized_by_draws)
+    extra = chosen.extra.setdefault("estimate", {})
+    extra["integer_draws"] = {
+        "draws": trace.sized_by_draws,
+        "at_top": chosen_trace.draws_at_top,
+        "peak_as_drawn": dataclasses.asdict(report.peak),
+        "peak_at_top": dataclasses.asdict(top.peak) if top is not None else None,
+        "error_at_top": failed,
+    }
+    if other is None:
+        tail = f"; traced at the top of its range it failed ({failed}): the draw as made is kept"
+    else:
+        depends = abs(chosen.peak.allocated_bytes - other.peak.allocated_bytes)
+        kept = "the top of its range" if chosen_trace.draws_at_top else "the values drawn"
+        tail = (
+            f"; traced as drawn and at the top of its range, the larger kept ({kept}): "
+            f"{format_bytes(depends)} of the peak depends on the draw"
+        )
+    chosen.findings.append(
+        Finding(
+            "assumption",
+            "warning" if chosen_trace.draws_at_top else "info",
+            f"a random integer draw made a size ({draws}); each step of a run draws again" + tail,
+            {"draws": trace.sized_by_draws},
+        )
+    )
+    return chosen, chosen_trace
 
 
 def _bounded_by_assumptions(

@@ -59,6 +59,10 @@ class Trace:
     # values the trace could not know and assumed (scalars.Assumption), in the variant it ran
     assumptions: list[Any] = field(default_factory=list)
     variant: str = "heavy"
+    # random integer draws of the steps whose values made a size ("randint at file:line"),
+    # and whether they were read as the top of their range
+    sized_by_draws: list[str] = field(default_factory=list)
+    draws_at_top: bool = False
     sdpa: dict[str, int] = field(default_factory=dict)
     workspaces: dict[str, int] = field(default_factory=dict)
     libraries: set[str] = field(default_factory=set)

@@ -83,6 +83,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._mode_utils import no_dispatch
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from vramscope.estimate.profiles import GpuProfile
     from vramscope.estimate.recorder import Recorder
 
@@ -436,11 +438,18 @@ def _nbytes(t: Any) -> int:
 class CudnnRnns(TorchFunctionMode):
     """``nn.LSTM``/``nn.GRU``/``nn.RNN`` on fake CUDA tensors take cuDNN's path."""
 
-    def __init__(self, profile: GpuProfile, recorder: Recorder, shadows: Any = None) -> None:
+    def __init__(
+        self,
+        profile: GpuProfile,
+        recorder: Recorder,
+        shadows: Any = None,
+        sized_by: Callable[[Any], None] | None = None,
+    ) -> None:
         super().__init__()
         self.profile = profile
         self.recorder = recorder
         self.shadows = shadows if shadows is not None else {}  # real values of small tensors
+        self._sized_by = sized_by  # told of a host tensor whose values made a size
         self.dropout_state: Any = None
         vf = torch._C._VariableFunctions
         self._entries = {getattr(vf, name): name for name in MODES}
@@ -494,6 +503,8 @@ class CudnnRnns(TorchFunctionMode):
         if func is self._flatten and args and _fake_cuda(args[0][0]):
             return _flatten(*args)
         if func is self._pack and len(args) > 1 and self._values(args[1]) is not None:
+            if self._sized_by is not None:
+                self._sized_by(args[1])
             return self._pack_padded(args[0], self._values(args[1]), *args[2:], **kwargs)
         if func is self._pad and len(args) > 1 and self._values(args[1]) is not None:
             return _pad_packed(args[0], self._values(args[1]), *args[2:], **kwargs)

@@ -114,6 +114,7 @@ class Assumption:
     heavy: str  # what the heavy (most memory) variant assumes
     light: str  # what the light variant assumes
     used: bool = False  # whether anything read the assumed values (or sizes)
+    sized: bool = False  # whether a size was made from them (an op's output, packed rows)
 
     def describe(self, variant: str = HEAVY) -> str:
         return f"{self.what} at {self.where}: {self.heavy if variant == HEAVY else self.light}"
@@ -204,11 +205,13 @@ class DataDependentValues(FakeTensorMode):
     # fake integer tensor without values -> the largest value it can hold (a count)
     bounds: WeakIdKeyDictionary
     variant: str  # HEAVY or LIGHT: how values that cannot be known are assumed
+    draws_at_top: bool  # integer draws of the steps read as the top of their range
 
-    def _init_values(self, variant: str = HEAVY) -> None:
+    def _init_values(self, variant: str = HEAVY, draws_at_top: bool = False) -> None:
         self.assumed = WeakIdKeyDictionary()
         self.bounds = WeakIdKeyDictionary()
         self.variant = variant
+        self.draws_at_top = draws_at_top
 
     # ---- small tensors keep real values ---------------------------------------------------
     def _shadow_args(self, args: Any) -> list[Any] | None:
@@ -254,10 +257,17 @@ class DataDependentValues(FakeTensorMode):
                         found.update(self.assumed.get(x, ()))
         return frozenset(found)
 
-    def _use(self, keys: frozenset[int]) -> None:
-        """Something read values or a size that depends on these assumptions."""
+    def _use(self, keys: frozenset[int], sized: bool = False) -> None:
+        """Something read values (``sized``: made a size) that depend on these assumptions."""
         for key in keys:
-            self.recorder.assumptions[key].used = True
+            assumption = self.recorder.assumptions[key]
+            assumption.used = True
+            assumption.sized = assumption.sized or sized
+
+    def sized_by(self, tensor: Any) -> None:
+        """A size was made from the values of ``tensor`` (a host tensor of the trace)."""
+        if isinstance(tensor, FakeTensor):
+            self._use(self.assumed.get(tensor, frozenset()), sized=True)
 
     def _assume(self, kind: str, what: str, heavy: str, light: str) -> int:
         """Record an assumption (one per op and line); its key."""
@@ -346,6 +356,17 @@ class DataDependentValues(FakeTensorMode):
                     f"a random draw read as the {end} of its range" for end in ("top", "bottom")
                 )
                 keys = keys | {self._assume("draw", name, top, bottom)}
+        elif name in _INTEGER_DRAWS and self.recorder.recording:
+            # a draw of the steps whose values make a size (lengths packed, counted, kept)
+            # is traced as drawn and, when a size followed from it, again at the top of its
+            # range: the run's many steps reach draws this one step did not
+            if self.draws_at_top:
+                _top_of_integer_range(func, args, kwargs, reals)
+            keys = keys | {
+                self._assume(
+                    INTEGER_DRAW, name, "every value at the top of its range", "the values drawn"
+                )
+            }
         for fake, value in zip(outs, reals, strict=False):
             if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
                 with contextlib.suppress(TypeError):
@@ -393,7 +414,10 @@ class DataDependentValues(FakeTensorMode):
     def _scalar(self, tensor: torch.Tensor) -> Any:
         shadow = self.shadows.get(tensor) if isinstance(tensor, FakeTensor) else None
         if shadow is not None:
-            self._use(self.assumed.get(tensor, frozenset()))
+            # an integer read is taken for a size (a length, a count); a boolean one decides
+            # a branch (``pad_token_id in input_ids``)
+            sized = not (tensor.dtype.is_floating_point or tensor.dtype.is_complex)
+            self._use(self.assumed.get(tensor, frozenset()), sized and tensor.dtype != torch.bool)
             with no_dispatch():
                 return shadow.item()
         if isinstance(tensor, FakeTensor) and tensor.constant is not None:
@@ -478,7 +502,7 @@ class DataDependentValues(FakeTensorMode):
                         self.shadows[fake] = value
                 outs.append(fake)
             keys = self._assumptions_of(args, kwargs)
-            self._use(keys)
+            self._use(keys, sized=True)
             self._mark(outs, keys)
             return outs[0] if isinstance(real, torch.Tensor) else type(real)(outs)
         if overload not in _SELECTED_BY_VALUE and _integers_known(self, args, kwargs):
@@ -487,7 +511,7 @@ class DataDependentValues(FakeTensorMode):
             from vramscope.estimate.cuda_rules import run_on_cpu
 
             keys = self._assumptions_of(args, kwargs)
-            self._use(keys)
+            self._use(keys, sized=True)
             out = run_on_cpu(self, func, args, kwargs, where)
             self._mark(out if isinstance(out, (tuple, list)) else (out,), keys)
             return out
@@ -628,6 +652,34 @@ _VALUE_FREE = frozenset(
 # the alternative with the bottom of the range too (every augmentation applied) and keeps the
 # larger: the steps that set a run's peak, whichever way the code is written.
 _UNIFORM_DRAWS = frozenset(("rand", "rand_like", "uniform", "uniform_"))
+
+# Integer draws: sequence lengths, counts, ids. One traced step sees one draw where a run's
+# steps see many, and lengths drawn in every step set the peak at the longest draw. A draw
+# whose values make a size (``pack_padded_sequence``'s rows, ``bincount``, a selection) is
+# traced again with every value at the top of its range and the larger estimate kept; one
+# read by Python alone keeps its values (ids at the top of a vocabulary would all be the
+# last token, which multimodal models reserve for images).
+_INTEGER_DRAWS = frozenset(("randint", "randint_like", "random_"))
+INTEGER_DRAW = "integer draw"
+
+
+def _top_of_integer_range(func: Any, args: Any, kwargs: Any, reals: tuple[Any, ...]) -> None:
+    """Set the real values of an integer draw to the largest its range holds: ``high - 1``
+    of ``randint``, ``to - 1`` of ``random_``; a draw over the dtype's whole range is
+    left as drawn."""
+    overload = func._overloadname
+    if op_name(func) == "random_":
+        if overload not in ("from", "to"):
+            return
+        high = _named_arg(func, args, kwargs, "to")
+        if high is None:
+            return
+    else:
+        high = _named_arg(func, args, kwargs, "high")
+    for value in reals:
+        if isinstance(value, torch.Tensor) and not value.dtype.is_floating_point:
+            with no_dispatch():
+                value.fill_(int(high) - 1)
 
 
 def _end_of_range(

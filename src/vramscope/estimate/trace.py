@@ -67,7 +67,12 @@ from vramscope.estimate.model_state import (
 )
 from vramscope.estimate.profiles import GpuProfile
 from vramscope.estimate.recorder import BlockMeta, Recorder, Trace, TraceError
-from vramscope.estimate.scalars import HEAVY, DataDependentValues, _user_location
+from vramscope.estimate.scalars import (
+    HEAVY,
+    INTEGER_DRAW,
+    DataDependentValues,
+    _user_location,
+)
 from vramscope.estimate.torch_support import check_torch_version
 from vramscope.estimate.transformers_eager import eager_transformers
 from vramscope.workload import StepRunner, Workload, WorkloadSpec
@@ -145,14 +150,20 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
     """FakeTensorMode that records CUDA storages, answers ``.item()`` with plausible values
     and picks the attention kernels the profiled GPU would run."""
 
-    def __init__(self, recorder: Recorder, profile: GpuProfile, variant: str = HEAVY) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        profile: GpuProfile,
+        variant: str = HEAVY,
+        draws_at_top: bool = False,
+    ) -> None:
         super().__init__(allow_non_fake_inputs=True)
         self.recorder = recorder
         self.profile = profile
         # keyed by identity: a tensor's == is an op, which would come back here
         self.shadows: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.producers: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._init_values(variant)
+        self._init_values(variant, draws_at_top)
         self._local = threading.local()
         self._fake_templates: dict[torch.device, Any] = {}
 
@@ -737,13 +748,15 @@ def trace_workload(
     steps: int = 2,
     setup: Setup | None = None,
     variant: str = HEAVY,
+    draws_at_top: bool = False,
 ) -> Trace:
     """Build the workload and trace ``steps`` standard steps on the emulated GPU.
 
     ``setup`` changes the built workload while the trace records (after what the build left
     on the device, before the first step): wrapping the model in DDP, for one. ``variant``:
     how values the trace cannot know are assumed (:mod:`~vramscope.estimate.scalars`):
-    ``"heavy"`` (the most memory) or ``"light"``."""
+    ``"heavy"`` (the most memory) or ``"light"``; ``draws_at_top``: the steps' random
+    integer draws read as the top of their range (:data:`~vramscope.estimate.scalars.INTEGER_DRAW`)."""
     import time
 
     check_torch_version()
@@ -753,7 +766,7 @@ def trace_workload(
     start = time.perf_counter()
     kernels.register_cuda_placeholders()
     recorder = Recorder(profile)
-    mode = TracingMode(recorder, profile, variant)
+    mode = TracingMode(recorder, profile, variant, draws_at_top)
     step_starts: list[int] = []
     old_limit = sys.getrecursionlimit()
     with (
@@ -764,7 +777,7 @@ def trace_workload(
         mode,
         _storage_resizes(recorder),
         kernels.AttentionKernels(profile, recorder),
-        rnn.CudnnRnns(profile, recorder, mode.shadows),
+        rnn.CudnnRnns(profile, recorder, mode.shadows, mode.sized_by),
         _flex_attention_uncompiled(),
         _compiled_code_runs_eagerly(),
         _quiet_fake_tensor_warnings(),
@@ -866,8 +879,14 @@ def trace_workload(
         modules=modules,
         notes=list(dict.fromkeys(recorder.notes)),
         data_dependent=list(recorder.data_dependent.values()),
-        assumptions=[a for a in recorder.assumptions.values() if a.used],
+        assumptions=[a for a in recorder.assumptions.values() if a.used and a.kind != INTEGER_DRAW],
         variant=variant,
+        sized_by_draws=[
+            f"{a.what} at {a.where}"
+            for a in recorder.assumptions.values()
+            if a.sized and a.kind == INTEGER_DRAW
+        ],
+        draws_at_top=draws_at_top,
         sdpa=dict(recorder.sdpa),
         workspaces=dict(recorder.workspaces),
         fallbacks=dict(recorder.fallbacks),
