@@ -6,7 +6,7 @@ channels-last layouts, and wide dilated forwards (segmentation heads).
 
 Usage (on a machine with a CUDA GPU):
 
-    python tests/gpu/record_conv_workspace_sweep.py OUT.json [SECONDS] [--grid first-layers]
+    python tests/gpu/record_conv_workspace_sweep.py OUT.json [SECONDS] [--grid first-layers|grouped]
 
 Each case builds its tensors, runs the op once with ``cudnn.benchmark`` off (as
 ``vramscope measure`` runs it) and records ``extra``: the peak of allocated memory during
@@ -14,7 +14,9 @@ the op, less what was allocated before it and the op's outputs. The cases come f
 seeded generator (the same list every run); ``SECONDS`` bounds the run. The recording of
 2026-12-04 on an H200 is ``tests/data/conv_workspace_sweep_h200.json.gz``. ``--grid
 first-layers`` records a grid of the first layers model zoos build instead (patch embeddings
-and stems, :func:`first_layer_grid`): ``tests/data/first_layer_grid_h200.json.gz``.
+and stems, :func:`first_layer_grid`): ``tests/data/first_layer_grid_h200.json.gz``; ``--grid
+grouped`` grouped convolutions' three passes (:func:`grouped_grid`):
+``tests/data/grouped_conv2d_grid_h200.json.gz``.
 """
 
 import json
@@ -239,16 +241,49 @@ def first_layer_grid() -> list[tuple]:
     return cases
 
 
+def grouped_grid() -> list[tuple]:
+    """Grouped 2-D convolutions that are not depthwise (ResNeXt's, RegNet's, CPUBone's), a
+    grid in a seeded order: 2 to 32 groups of 4 to 64 channels widened 1, 2 or 4 times,
+    3x3 (stride 1 and 2), 2x2 and 1x1 kernels over 8x8 to 112x112, batch 16 and 64, in
+    bfloat16, float16 and float32, channels-first; the forward, the data gradient and the
+    weight gradient each recorded alone."""
+    cases = []
+    for dt in ("bf16", "fp32", "fp16"):
+        for g in (2, 4, 8, 32):
+            for cin in (4, 6, 8, 12, 16, 24, 32, 64):
+                for mult in (1, 2, 4):
+                    for k, s, p in ((3, 1, 1), (3, 2, 1), (2, 1, 0), (1, 1, 0)):
+                        for h in (8, 14, 28, 56, 112):
+                            for b in (16, 64):
+                                if dt == "fp16" and g not in (2, 8):
+                                    continue
+                                if b * g * cin * mult * h * h * 4 > 1e9:
+                                    continue
+                                xs, ws = (b, g * cin, h, h), (g * cin * mult, cin, k, k)
+                                for kind, mask in (
+                                    ("fwd", [False, False, False]),
+                                    ("dgrad", [True, False, False]),
+                                    ("wgrad", [False, True, False]),
+                                ):
+                                    cases.append(
+                                        (kind, xs, ws, (s, s), (p, p), (1, 1), g, dt, mask)
+                                    )
+    random.Random(11).shuffle(cases)
+    return cases
+
+
 def main(argv: list[str]) -> int:
-    """``OUT [SECONDS] [--grid first-layers]``: the seeded draw, or the grid of first layers."""
+    """``OUT [SECONDS] [--grid first-layers|grouped]``: the seeded draw, or a grid."""
     torch.backends.cudnn.benchmark = False
-    grid = "--grid" in argv
-    if grid:
+    grid = None
+    if "--grid" in argv:
         at = argv.index("--grid")
+        grid = argv[at + 1]
         argv = argv[:at] + argv[at + 2 :]
     out_path = argv[0]
     budget = float(argv[1]) if len(argv) > 1 else 240.0
-    cases = first_layer_grid() if grid else random_cases(random.Random(7))
+    grids = {"first-layers": first_layer_grid, "grouped": grouped_grid}
+    cases = grids[grid]() if grid else random_cases(random.Random(7))
     start = time.time()
     for c in cases:
         if time.time() - start > budget:
