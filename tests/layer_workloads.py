@@ -5,6 +5,8 @@ compared there by ``tests/gpu/test_estimate_layers_gpu.py``. Specs are
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -104,6 +106,32 @@ def lstm_packed(batch_size: int, device: torch.device) -> vramscope.Workload:
     return vramscope.Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
 
 
+def lstm_drawn_lengths(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """``pack_padded_sequence`` over lengths drawn in every step (SEQ/4 ... SEQ), the way a
+    loader's random crops come: the estimate takes them at the top of their range."""
+    return _packed(batch_size, device, lambda: torch.randint(SEQ // 4, SEQ + 1, (batch_size,)))
+
+
+def lstm_longest_lengths(batch_size: int, device: torch.device) -> vramscope.Workload:
+    """The same with every sequence at its full length."""
+    return _packed(batch_size, device, lambda: torch.full((batch_size,), SEQ))
+
+
+def _packed(
+    batch_size: int, device: torch.device, lengths: Callable[[], torch.Tensor]
+) -> vramscope.Workload:
+    model = PackedRecurrent().to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def batch():
+        return torch.randint(0, VOCAB, (batch_size, SEQ), device=device), lengths()
+
+    def loss(m, x, n):
+        return nn.functional.cross_entropy(m(x, n).flatten(0, 1), x.flatten())
+
+    return vramscope.Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
+
+
 class Convolutions(nn.Module):
     """Depthwise, pointwise and grouped convolutions (a MobileNet-like block), and one
     dense 3x3 convolution, the kind that takes a cuDNN workspace on channels-first input."""
@@ -122,6 +150,34 @@ class Convolutions(nn.Module):
         x = torch.relu(self.pointwise(torch.relu(self.depthwise(x))))
         x = torch.relu(self.dense(torch.relu(self.grouped(x))))
         return self.head(x.mean((2, 3)))
+
+
+class NarrowGroups(nn.Module):
+    """Convolutions in 2 groups of few channels (6 to 96 a group, CPUBone's kind), 3x3
+    stride 2 and 2x2 stride 1, between 1x1 ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, 12, 3, stride=2, padding=1)]
+        channels = 12
+        for _ in range(3):
+            layers += [
+                nn.Conv2d(channels, 4 * channels, 3, stride=2, padding=1, groups=2),
+                nn.ReLU(),
+                nn.Conv2d(4 * channels, 2 * channels, 1),
+                nn.ReLU(),
+            ]
+            channels *= 2
+        layers += [nn.Conv2d(channels, 4 * channels, 2, groups=2), nn.ReLU()]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(4 * channels, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean((2, 3)))
+
+
+def narrow_groups(batch_size: int, device: torch.device) -> vramscope.Workload:
+    return _vision(NarrowGroups(), batch_size, device, channels_last=False)
 
 
 def _vision(model: nn.Module, batch_size: int, device: torch.device, channels_last: bool):
@@ -345,6 +401,9 @@ CASES: dict[str, tuple[int, str]] = {
     "gru": (32, "32-true"),
     "rnn_tanh": (32, "32-true"),
     "grouped_convolutions": (32, "32-true"),
+    "grouped_convolutions_bf16": (32, "bf16-mixed"),
+    "narrow_groups_bf16": (32, "bf16-mixed"),
+    "narrow_groups": (32, "32-true"),
     "channels_last": (32, "32-true"),
     "embedding_bag_sum": (256, "32-true"),
     "embedding_bag_max": (256, "32-true"),
@@ -354,6 +413,10 @@ CASES: dict[str, tuple[int, str]] = {
     "mlp_16_mixed": (64, "16-mixed"),
 }
 # cases that reuse another case's build function
-BUILDERS = {"lstm_16_mixed": "lstm"}
+BUILDERS = {
+    "lstm_16_mixed": "lstm",
+    "grouped_convolutions_bf16": "grouped_convolutions",
+    "narrow_groups_bf16": "narrow_groups",
+}
 # the recurrent cases, held to the issue's 2 % on allocated memory against the GPU
 RECURRENT = {name for name in CASES if name.startswith(("lstm", "gru", "rnn"))}

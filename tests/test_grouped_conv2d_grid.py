@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,67 @@ def test_float32_gradients_take_the_padded_rule_and_its_forwards_the_general_one
         assert counts["error"] <= 0.47 * counts["taken"]
     forward = summary[("fwd", "fp32")]
     assert 0.6 <= forward["modelled"] / forward["taken"] <= 0.7
+
+
+def _fit_module():
+    import importlib.util
+    import sys
+
+    path = Path(__file__).parent / "gpu" / "fit_grouped_grid.py"
+    spec = importlib.util.spec_from_file_location("fit_grouped_grid", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fit_grouped_grid", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shipped_table_is_the_grids_steady_configurations():
+    """``src/vramscope/estimate/recorded/grouped_conv2d_h200.json.gz`` is what
+    ``tests/gpu/fit_grouped_grid.py --table`` makes of the grid: a line per configuration
+    (pass, channels a group in and out, kernel, stride, padding, dtype) where three quarters
+    of the layers of 28x28 or more took the same bytes per input byte."""
+    fit = _fit_module()
+    shipped = kernels._recorded_table("grouped_conv2d_h200")
+    assert fit.table(GRID)["rows"] == shipped
+    assert 400 <= len(shipped) <= 430
+    # CPUBone-like narrow groups: a 2-group 3x3 stride-2 layer of 6 channels a group into
+    # 24 takes 6.7 times its input for the data gradient in float32 (the padded rule: 2.3)
+    a, _ = shipped[kernels.grouped_key("data", 6, 24, 3, 2, 1, torch.float32)]
+    assert 6.6e6 <= a <= 6.8e6
+
+
+def test_the_table_holds_for_batches_it_was_not_fitted_on():
+    """Fitted on the grid's batch-16 layers alone, the table (the padded rule where a
+    configuration is not in it) set against the batch-64 layers: in every pass and dtype its
+    error is below the rule's alone, and the layers under by more than 10 % (and 1 MiB) are
+    fewer in total by more than a third."""
+    fit = _fit_module()
+    with gzip.open(GRID, "rt") as f:
+        rows = json.load(f)["rows"]
+    lines = {
+        key: fit.fitted(layers)
+        for key, layers in fit.configurations([r for r in rows if r["x"][0] == 16]).items()
+        if fit.steady(layers)
+    }
+    error: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    under = [0, 0]
+    for row in (r for r in rows if r["x"][0] == 64):
+        dtype = DTYPES[row["dtype"]]
+        key = kernels.grouped_key(
+            fit.PASSES[row["kind"]], row["w"][1], row["w"][0] // row["groups"], row["w"][2],
+            row["stride"][0], row["padding"][0], dtype,
+        )  # fmt: skip
+        rule, taken = _modelled(row), row["extra"]
+        size = math.prod(row["x"]) * dtype.itemsize
+        line = lines.get(key)
+        table = max(0, line[0] * size // 1_000_000 + line[1]) if line else rule
+        counts = error[(row["kind"], row["dtype"])]
+        counts[0] += abs(table - taken)
+        counts[1] += abs(rule - taken)
+        counts[2] += taken
+        margin = max(0.1 * taken, 1 << 20)
+        under[0] += table < taken - margin
+        under[1] += rule < taken - margin
+    for part, (with_table, rule_alone, _) in error.items():
+        assert with_table <= rule_alone, part
+    assert under[0] <= 2 / 3 * under[1]

@@ -45,3 +45,27 @@ def test_layer_estimate_matches_the_gpu(name, tmp_path):
         f"{name}: estimated {estimated.peak.allocated_bytes:,} B, measured "
         f"{measured.peak.allocated_bytes:,} B ({error:+.2%})"
     )
+
+
+def _measured_peak(spec: str, batch: int, steps: int, tmp_path: Path) -> int:
+    out = tmp_path / f"{spec.rsplit(':', 1)[1]}.json"
+    command = [sys.executable, "-m", "vramscope", "measure", spec, "-b", str(batch)]
+    command += ["--steps", str(steps), "--json", str(out), "--quiet"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return Report.load(out).peak.allocated_bytes
+
+
+def test_lengths_drawn_in_every_step_are_estimated_at_their_longest(tmp_path):
+    """A packed LSTM whose batch draws its lengths in every step: the estimate (every length
+    at the top of its range) is the measured peak of every sequence at full length, within
+    the recurrent 2 %, and above what 20 steps of drawn lengths reached."""
+    batch = 32
+    drawn = f"{TESTS / 'layer_workloads.py'}:lstm_drawn_lengths"
+    longest = f"{TESTS / 'layer_workloads.py'}:lstm_longest_lengths"
+    estimated = estimate(drawn, batch, gpu=_profile(), precision="32-true")
+    assert estimated.extra["estimate"]["integer_draws"]["at_top"] is True
+    full = _measured_peak(longest, batch, 3, tmp_path)
+    reached = _measured_peak(drawn, batch, 20, tmp_path)
+    assert abs(estimated.peak.allocated_bytes / full - 1) <= 0.02, (estimated.peak, full)
+    assert reached <= estimated.peak.allocated_bytes, (reached, estimated.peak)

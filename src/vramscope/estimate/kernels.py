@@ -509,8 +509,15 @@ def after_op(
         if _on_cuda(args[0]) and profile.capability[0] >= 8:
             swept = profile.name in _SWEPT_GPUS
             recorded = _recorded_grouped_1d(args[0], args[1], args[3], args[4], args[5], args[8])
+            grouped = (
+                _recorded_grouped_2d("forward", *args[:2], *args[3:6], args[8])
+                if swept and not args[6]
+                else None
+            )
             if swept and recorded is not None and not args[6]:
                 size = recorded[0]
+            elif grouped is not None:
+                size = grouped
             else:
                 size = _conv_transform_bytes(
                     args[0], args[1], out, args[3], args[8], args[6], forward=True, swept=swept
@@ -1173,6 +1180,47 @@ def first_layer_key(
     return ",".join(str(int(n)) for n in parts) + "," + _dtype_name(dtype)
 
 
+def grouped_key(
+    kind: str, cin: int, cout: int, kernel: int, stride: int, padding: int, dtype: torch.dtype
+) -> str:
+    """A row's key in the recorded grouped table: the pass (``forward``, ``data``,
+    ``weight``), channels a group in and out, kernel, stride, padding and the dtype (as torch
+    names it), comma-separated."""
+    return ",".join(
+        [kind, *(str(int(n)) for n in (cin, cout, kernel, stride, padding)), _dtype_name(dtype)]
+    )
+
+
+def _recorded_grouped_2d(
+    kind: str, x: Any, w: Any, stride: Any, padding: Any, dilation: Any, groups: int
+) -> int | None:
+    """What a pass of a grouped 2-D convolution (not depthwise) takes beyond its tensors on
+    an H200, for a configuration whose recorded layers took the same bytes per input byte at
+    every size (``recorded/grouped_conv2d_h200.json.gz``, ``tests/gpu/fit_grouped_grid.py
+    --table`` from the grid of :func:`_grouped_padded_bytes`): ``a * input bytes + c``. None
+    for any other configuration: square kernels with the same stride and padding both ways,
+    no dilation, channels-first, a 4-D input. The steady configurations are where cuDNN keeps
+    one engine over the grid's batches, sizes and group counts (float32 data gradients: 38 of
+    96, half of their bytes; 2 to 25 of 96 elsewhere): a 2-group 3x3 stride-2 float32 layer
+    of 6 channels a group into 24 takes 6.7 times its input for the data gradient at every
+    size, where the padded transposes give 2.3."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or groups <= 1:
+        return None
+    if groups == int(x.shape[1]) or not x.is_contiguous() or _channels_last_weight(w):
+        return None
+    kh, kw = int(w.shape[2]), int(w.shape[3])
+    sh, sw = (int(n) for n in stride)
+    ph, pw = (int(n) for n in padding)
+    if kh != kw or sh != sw or ph != pw or any(int(d) != 1 for d in dilation):
+        return None
+    key = grouped_key(kind, int(w.shape[1]), int(w.shape[0]) // groups, kh, sh, ph, x.dtype)
+    row = _recorded_table("grouped_conv2d_h200").get(key)
+    if row is None:
+        return None
+    size = x.numel() * x.element_size()
+    return max(0, row[0] * size // 1_000_000 + row[1])
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).split(".")[-1]
 
@@ -1227,9 +1275,20 @@ def _conv_backward_workspaces(
     # until the op ends (recorded on an H200); so is an input not laid out in the format
     # the convolution runs in, where the weight's gradient needs it (Convolution.cpp)
     copy = _conv_backward_copies(grad_out, x, w, bool(mask[1]))
+    grouped = {
+        kind: _recorded_grouped_2d(kind, x, w, stride, args[5], args[6], groups)
+        if swept and not transposed
+        else None
+        for kind in ("data", "weight")
+    }
     if mask[0] and isinstance(out[0], torch.Tensor):
-        size = copy + _conv_transform_bytes(
-            x, w, grad_out, stride, groups, transposed, gradient="data", swept=swept
+        recorded_data = grouped["data"]
+        size = copy + (
+            recorded_data
+            if recorded_data is not None
+            else _conv_transform_bytes(
+                x, w, grad_out, stride, groups, transposed, gradient="data", swept=swept
+            )
         )
         # recorded: the data gradient runs (and frees its workspace) before the weight
         # gradient is allocated
@@ -1243,7 +1302,17 @@ def _conv_backward_workspaces(
         if swept and not transposed and not mask[0]
         else None
     )
-    if first_layer is not None and mask[1] and isinstance(out[1], torch.Tensor):
+    if grouped["weight"] is not None and mask[1] and isinstance(out[1], torch.Tensor):
+        # a grouped layer's weight gradient as recorded for its configuration (+ the copy)
+        key = _plan_key("weight", x, w, stride)
+        extra = copy if not mask[0] else 0
+        recorder.transient(
+            grouped["weight"] + extra,
+            "temporary",
+            "cuDNN convolution backward (weight) workspace (recorded)",
+            (key, (0,)),
+        )
+    elif first_layer is not None and mask[1] and isinstance(out[1], torch.Tensor):
         # the weight gradient's workspace as recorded for this very shape (+ the copy)
         key = _plan_key("weight", x, w, stride)
         recorder.transient(
