@@ -221,10 +221,16 @@ def zoo_summary(root: Path) -> str:
     used = summary["device_used_under"]
     seconds = sorted(r["estimate_seconds"] for r in data["rows"] if r.get("estimate_seconds"))
     parts = (meta["estimated"].get("reestimated") or {}).get("parts")
-    if parts:  # estimated again in parts, on more than one machine
-        where = "; ".join(
-            f"{p['workloads']} on {p['cpus']} CPUs with torch {p['libraries']['torch']}"
-            for p in parts
+    if parts:  # estimated again in parts: the latest ones, enough to cover every row
+        latest: list[dict] = []
+        for part in reversed(parts):
+            latest.insert(0, part)
+            if sum(p["workloads"] for p in latest) >= len(data["rows"]):
+                break
+        where = "last in parts: " + "; ".join(
+            f"{p['workloads']} on {p['cpus']} CPUs with torch {p['libraries']['torch']} "
+            f"({p['date']})"
+            for p in latest
         )
     else:
         where = (
