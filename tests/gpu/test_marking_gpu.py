@@ -100,3 +100,22 @@ def test_the_trace_in_windows_gives_the_tables_of_a_fully_traced_run():
         keys = ("activations_bytes", "parameters_bytes", "forward_peak_allocated_bytes")
         tables[policy] = {m["name"]: [m.get(k) for k in keys] for m in report.modules}
     assert tables[4] == tables["all"]
+
+
+def test_a_peak_that_rises_by_a_few_blocks_is_not_traced_again():
+    """The run's peak rising by less than a MiB over what a traced step saw (the allocator
+    placing a step's blocks a little differently, a small leak) does not make the next step
+    traced; a rise of 16 MiB does."""
+    runner = runner_for(4)
+    kept = []
+    gc.collect()
+    with vramscope.track(detail="modules", module_steps="first") as session:
+        for i in range(12):
+            if i == 5:
+                kept.append(torch.empty(64 * 1024, device=CUDA))  # 256 KiB, kept
+            if i == 8:
+                kept.append(torch.empty(4 << 20, device=CUDA))  # 16 MiB, kept
+            runner()
+            session.step()
+    assert steps_with_markers(session) == {0, 1, 2, 9}
+    assert session.report().extra["attribution"]["peak_step"] in (8, 9, 10, 11)

@@ -27,6 +27,13 @@ MAX_PHASE_BANDS = 10_000  # timeline bands and markers kept (the first ones)
 # unread steps' log entries counted into the records at the latest (a long spacing given
 # as --phase-steps N would otherwise keep every entry of N steps)
 UNREAD_LOG_LIMIT = 4096
+# a rise of the run's peak, over the highest a traced step saw, from which the next step is
+# traced again: the larger of these bytes and this share of it. A step that only rounds the
+# peak up by a few blocks (the allocator's placement differs from step to step) does not pay
+# a trace window, whose snapshot costs about half a millisecond; a leak still gets traced
+# once what it added passes the threshold.
+PEAK_RISE_TRACED_BYTES = 1 << 20
+PEAK_RISE_TRACED_SHARE = 0.005
 
 # at a phase boundary: (allocated now, peak allocated and peak reserved since the last
 # boundary, the allocator's nested stats for a full reading when this is a new peak)
@@ -84,6 +91,7 @@ class StepBoundaries:
         # the run's peak, as the reads find it
         self._peak_allocated = -1
         self._peak_reserved = 0
+        self._traced_peak = 0  # the run's peak when a trace last saw it (or was asked to)
         self._peak_where: tuple[int | None, str | None] = (None, None)
         self._peak_record: StepRecord | None = None  # the step of the peak, never merged
         self._peak_close: AllocatorReading | None = None  # reading that closed the peak phase
@@ -391,7 +399,7 @@ class StepBoundaries:
     ) -> None:
         """The run's peak is ``peak``, in phase ``name`` of ``step`` (None: not read)."""
         if peak > self._peak_allocated:
-            self._trace_next_step()
+            self._trace_next_step(peak)
         self._peak_allocated = peak
         self._peak_close = allocator.reading_from_stats(raw)
         self._peak_where = (step.index if step is not None else None, name)
@@ -412,14 +420,24 @@ class StepBoundaries:
                 if self._phase_reads is not None:  # read it phase by phase if it comes again
                     self._phase_reads.again()
 
-    def _trace_next_step(self) -> None:
-        """The run's peak rose where the allocator's trace did not record: trace the next
-        step, which reads its phases (steps repeat: its peak is where the trace sees it)."""
+    def _trace_next_step(self, peak: int) -> None:
+        """The run's peak rose to ``peak``: where the allocator's trace did not record it,
+        and by more than a few blocks over what a trace saw (``PEAK_RISE_TRACED_*``), trace
+        the next step, which reads its phases (steps repeat: its peak is where the trace
+        sees it)."""
         attribution = self._attribution
-        if attribution is not None and not attribution.recording:
-            attribution.schedule.mark_next()
-            if self._phase_reads is not None:
-                self._phase_reads.again(1)
+        if attribution is None:
+            return
+        if attribution.recording:
+            self._traced_peak = max(self._traced_peak, peak)
+            return
+        rise = max(PEAK_RISE_TRACED_BYTES, PEAK_RISE_TRACED_SHARE * self._traced_peak)
+        if peak - self._traced_peak <= rise:
+            return
+        self._traced_peak = peak
+        attribution.schedule.mark_next()
+        if self._phase_reads is not None:
+            self._phase_reads.again(1)
 
     def _finish_step(self, now: float, light: _Light | None) -> None:
         step = self._step

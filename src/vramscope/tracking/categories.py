@@ -223,17 +223,33 @@ def _categories(
     optimizers: Iterable[torch.optim.Optimizer],
     storages: _Storages,
     walked: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+    states: dict[int, int] | None = None,
 ) -> ObjectCategories:
+    """The objects' bytes, each storage once; ``states``: filled with each optimizer's
+    state bytes (by ``id``), those its parameters and gradients do not hold."""
     seen: set[int] = set()
     totals = dict.fromkeys(OBJECT_CATEGORIES, 0)
+    optimizers = list(optimizers)
     for tensor, category, _param, _key in object_tensors(
-        models, optimizers, OBJECT_CATEGORIES, walked
+        models, optimizers, ("parameters", "buffers", "gradients"), walked
     ):
         found = storages.of(tensor)
         if found is None or found[0] in seen:  # fake/meta tensors have no data pointer
             continue
         seen.add(found[0])
         totals[category] += found[1]
+    for opt in optimizers:
+        own = 0
+        for state in opt.state.values():
+            for _key, tensor in _named_tensors(state):
+                found = storages.of(tensor)
+                if found is None or found[0] in seen:
+                    continue
+                seen.add(found[0])
+                own += found[1]
+        totals["optimizer_state"] += own
+        if states is not None:
+            states[id(opt)] = states.get(id(opt), 0) + own
     return ObjectCategories(**totals)
 
 
@@ -277,17 +293,17 @@ class ObjectLedger:
         storages = _Storages(device_type)
         if walked is None:
             walked = model_tensors(models)
-        now = _categories(models, optimizers, storages, walked)
+        states: dict[int, int] = {}
+        now = _categories(models, optimizers, storages, walked, states)
         seen = self.seen
         seen.parameters = max(seen.parameters, now.parameters)
         seen.buffers = max(seen.buffers, now.buffers)
         seen.gradients = max(seen.gradients, now.gradients)
         full = full_gradient_bytes(models, device_type, walked[0], storages)
         self.full_gradients = max(self.full_gradients, full)
-        for opt in optimizers:
-            state = _categories([], [opt], storages).optimizer_state
+        for key, state in states.items():
             if state:
-                self._state[id(opt)] = max(self._state.get(id(opt), 0), state)
+                self._state[key] = max(self._state.get(key, 0), state)
         seen.optimizer_state = max(seen.optimizer_state, sum(self._state.values()))
         return now
 
