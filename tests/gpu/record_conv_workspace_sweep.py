@@ -6,7 +6,7 @@ channels-last layouts, and wide dilated forwards (segmentation heads).
 
 Usage (on a machine with a CUDA GPU):
 
-    python tests/gpu/record_conv_workspace_sweep.py OUT.json [SECONDS] [--grid first-layers|grouped]
+    python tests/gpu/record_conv_workspace_sweep.py OUT.json [SECONDS] [--grid NAME]
 
 Each case builds its tensors, runs the op once with ``cudnn.benchmark`` off (as
 ``vramscope measure`` runs it) and records ``extra``: the peak of allocated memory during
@@ -16,7 +16,8 @@ seeded generator (the same list every run); ``SECONDS`` bounds the run. The reco
 first-layers`` records a grid of the first layers model zoos build instead (patch embeddings
 and stems, :func:`first_layer_grid`): ``tests/data/first_layer_grid_h200.json.gz``; ``--grid
 grouped`` grouped convolutions' three passes (:func:`grouped_grid`):
-``tests/data/grouped_conv2d_grid_h200.json.gz``.
+``tests/data/grouped_conv2d_grid_h200.json.gz``; ``--grid grouped-wide`` the same with wider
+groups: ``tests/data/grouped_conv2d_wide_grid_h200.json.gz``.
 """
 
 import json
@@ -241,7 +242,9 @@ def first_layer_grid() -> list[tuple]:
     return cases
 
 
-def grouped_grid() -> list[tuple]:
+def grouped_grid(
+    widths: tuple[int, ...] = (4, 6, 8, 12, 16, 24, 32, 64), seed: int = 11
+) -> list[tuple]:
     """Grouped 2-D convolutions that are not depthwise (ResNeXt's, RegNet's, CPUBone's), a
     grid in a seeded order: 2 to 32 groups of 4 to 64 channels widened 1, 2 or 4 times,
     3x3 (stride 1 and 2), 2x2 and 1x1 kernels over 8x8 to 112x112, batch 16 and 64, in
@@ -250,7 +253,7 @@ def grouped_grid() -> list[tuple]:
     cases = []
     for dt in ("bf16", "fp32", "fp16"):
         for g in (2, 4, 8, 32):
-            for cin in (4, 6, 8, 12, 16, 24, 32, 64):
+            for cin in widths:
                 for mult in (1, 2, 4):
                     for k, s, p in ((3, 1, 1), (3, 2, 1), (2, 1, 0), (1, 1, 0)):
                         for h in (8, 14, 28, 56, 112):
@@ -268,8 +271,13 @@ def grouped_grid() -> list[tuple]:
                                     cases.append(
                                         (kind, xs, ws, (s, s), (p, p), (1, 1), g, dt, mask)
                                     )
-    random.Random(11).shuffle(cases)
+    random.Random(seed).shuffle(cases)
     return cases
+
+
+def grouped_wide_grid() -> list[tuple]:
+    """The grouped grid's wider groups: 48, 96 and 128 channels a group (CPUBone's 96)."""
+    return grouped_grid((48, 96, 128), seed=12)
 
 
 def main(argv: list[str]) -> int:
@@ -282,7 +290,11 @@ def main(argv: list[str]) -> int:
         argv = argv[:at] + argv[at + 2 :]
     out_path = argv[0]
     budget = float(argv[1]) if len(argv) > 1 else 240.0
-    grids = {"first-layers": first_layer_grid, "grouped": grouped_grid}
+    grids = {
+        "first-layers": first_layer_grid,
+        "grouped": grouped_grid,
+        "grouped-wide": grouped_wide_grid,
+    }
     cases = grids[grid]() if grid else random_cases(random.Random(7))
     start = time.time()
     for c in cases:
