@@ -199,6 +199,30 @@ def ids_read_for_a_branch(batch_size, device):
     return _workload(model, lambda: (torch.randint(0, 1000, (batch_size, 64), device=device),),
                      loss)
 
+def _repeated_rows(batch_size, device, counts):
+    # each of the batch's items repeated as many times as its count (a ragged batch)
+    model = torch.nn.Linear(256, 256).to(device)
+    def loss(m, n):
+        rows = torch.repeat_interleave(torch.arange(n.numel(), device=device), n)
+        return m(torch.ones(rows.numel(), 256, device=device)).sum()
+    return _workload(model, lambda: (counts(),), loss)
+
+def counts_random_(batch_size, device):
+    return _repeated_rows(batch_size, device, lambda: torch.empty(
+        batch_size, dtype=torch.long, device=device).random_(1, 65))
+
+def counts_randint_like(batch_size, device):
+    return _repeated_rows(batch_size, device, lambda: torch.randint_like(
+        torch.empty(batch_size, dtype=torch.long, device=device), 1, 65))
+
+def counts_randint(batch_size, device):
+    return _repeated_rows(batch_size, device, lambda: torch.randint(
+        1, 65, (batch_size,), device=device))
+
+def counts_at_most(batch_size, device):
+    return _repeated_rows(batch_size, device, lambda: torch.full(
+        (batch_size,), 64, device=device))
+
 def counts_of_unknown_values(batch_size, device):
     model = torch.nn.Linear(64, 64).to(device)
     def loss(m, x):
@@ -375,3 +399,14 @@ def test_a_count_drawn_and_read_by_python_is_taken_at_the_top(workloads):
 def _line(text: str) -> int:
     """The line of WORKLOADS holding ``text`` (as the trace names the user's line)."""
     return next(i for i, line in enumerate(WORKLOADS.splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize("draw", ["randint", "randint_like", "random_"])
+def test_every_integer_draw_is_taken_at_the_top_of_its_range(workloads, draw):
+    """``randint``, ``randint_like`` and ``Tensor.random_(from, to)`` counts that make a size
+    (``repeat_interleave``): the estimate is that of every count at ``to - 1``."""
+    at_most = estimate(f"{workloads}:counts_at_most", 64).peak.allocated_bytes
+    report = estimate(f"{workloads}:counts_{draw}", 64)
+    assert report.peak.allocated_bytes == at_most
+    (where,) = report.extra["estimate"]["integer_draws"]["draws"]
+    assert where.startswith(f"{draw} at value_workloads.py:")
