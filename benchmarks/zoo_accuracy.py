@@ -272,8 +272,14 @@ def _pct(value: float | None) -> str:
 def table(document: dict[str, Any]) -> str:
     s = document["summary"]
     meta = document["meta"]
+    estimated = meta.get("estimated", {})
+    parts = (estimated.get("reestimated") or {}).get("parts") or []
+    when = estimated.get("date")
+    days = [p["date"] for p in parts if p.get("date")]
+    if days:  # the rows were estimated again: the first day and the last
+        when = f"{when}, estimated again to {max(days)}"
     lines = [
-        f"zoo accuracy: CPU estimates ({meta.get('estimated', {}).get('date')}) against "
+        f"zoo accuracy: CPU estimates ({when}) against "
         f"{meta.get('measured', {}).get('gpu')} measurements ({meta.get('measured', {}).get('date')})",
         "",
         f"{'workload':78s} {'batch':>5s} {'precision':10s} {'meas alloc':>10s} "

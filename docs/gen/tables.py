@@ -228,8 +228,8 @@ def zoo_summary(root: Path) -> str:
             if sum(p["workloads"] for p in latest) >= len(data["rows"]):
                 break
         where = "last in parts: " + "; ".join(
-            f"{p['workloads']} on {p['cpus']} CPUs with torch {p['libraries']['torch']} "
-            f"({p['date']})"
+            f"{p['workloads']} on {p['cpus']} CPUs with torch {p['libraries']['torch']}"
+            + (f" ({p['date']})" if p.get("date") else "")
             for p in latest
         )
     else:
