@@ -416,8 +416,9 @@ class DataDependentValues(FakeTensorMode):
         if shadow is not None:
             # an integer read is taken for a size (a length, a count); a boolean one decides
             # a branch (``pad_token_id in input_ids``)
-            sized = not (tensor.dtype.is_floating_point or tensor.dtype.is_complex)
-            self._use(self.assumed.get(tensor, frozenset()), sized and tensor.dtype != torch.bool)
+            dtype = tensor.dtype
+            integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+            self._use(self.assumed.get(tensor, frozenset()), sized=integer)
             with no_dispatch():
                 return shadow.item()
         if isinstance(tensor, FakeTensor) and tensor.constant is not None:
@@ -656,9 +657,10 @@ _UNIFORM_DRAWS = frozenset(("rand", "rand_like", "uniform", "uniform_"))
 # Integer draws: sequence lengths, counts, ids. One traced step sees one draw where a run's
 # steps see many, and lengths drawn in every step set the peak at the longest draw. A draw
 # whose values make a size (``pack_padded_sequence``'s rows, ``bincount``, a selection) is
-# traced again with every value at the top of its range and the larger estimate kept; one
-# read by Python alone keeps its values (ids at the top of a vocabulary would all be the
-# last token, which multimodal models reserve for images).
+# traced again with every value at the top of its range and the larger estimate kept (an
+# integer Python reads counts: ``int(torch.randint(...))`` rows); one read only for a branch
+# (a boolean: ``pad_token_id in input_ids``) keeps its values (ids at the top of a
+# vocabulary would all be the last token, which multimodal models reserve for images).
 _INTEGER_DRAWS = frozenset(("randint", "randint_like", "random_"))
 INTEGER_DRAW = "integer draw"
 
