@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from vramscope.workload import Workload
 
 DATA = Path(__file__).parent / "data"
 # the sweeps' dtype names
@@ -42,3 +45,12 @@ def recorded(file: str, kind: str) -> list[dict]:
     document = json.loads(gzip.decompress((DATA / file).read_bytes()))
     assert document["gpu"] == "NVIDIA H200" and document["cudnn"] == 91900
     return [row for row in document["rows"] if row.get("kind") == kind]
+
+
+def layer_workload(model: torch.nn.Module, batch: Callable[[], tuple]) -> Workload:
+    """The workload the recorded tables' tests estimate a layer in: its output's mean square
+    as the loss, SGD."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return Workload(
+        model=model, optimizer=optimizer, batch=batch, loss=lambda m, *x: m(*x).square().mean()
+    )

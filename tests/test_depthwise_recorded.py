@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sweep_data import layer_workload
 from vramscope.estimate.estimator import estimate
 from vramscope.estimate.kernels import _recorded_depthwise_2d, _recorded_table
 from vramscope.workload import Workload
@@ -78,11 +79,7 @@ def build(channels: int, size: int, channels_last: bool = True):
                 x = x.contiguous(memory_format=torch.channels_last)
             return (x.requires_grad_(),)
 
-        def loss(m, x):
-            return m(x).square().mean()
-
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
+        return layer_workload(model, batch)
 
     return builder
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sweep_data import layer_workload
 from vramscope.estimate.estimator import estimate
 from vramscope.estimate.kernels import _recorded_first_layer_wgrad, _recorded_table
 from vramscope.workload import Workload
@@ -64,11 +65,7 @@ def build(width: int):
         def batch():
             return (torch.randn(batch_size, 3, 160, 160, device=device),)
 
-        def loss(m, x):
-            return m(x).square().mean()
-
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
+        return layer_workload(model, batch)
 
     return builder
 

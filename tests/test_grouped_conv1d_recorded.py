@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sweep_data import layer_workload
 from vramscope.estimate.estimator import estimate
 from vramscope.estimate.kernels import _recorded_grouped_1d
 from vramscope.workload import Workload
@@ -67,11 +68,7 @@ def build(kernel: int):
         def batch():
             return (torch.randn(batch_size, 49, 128, device=device),)
 
-        def loss(m, hidden):
-            return m(hidden).square().mean()
-
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        return Workload(model=model, optimizer=optimizer, batch=batch, loss=loss)
+        return layer_workload(model, batch)
 
     return builder
 

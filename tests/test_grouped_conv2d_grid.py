@@ -15,12 +15,16 @@ import collections
 import gzip
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from vramscope.estimate import kernels
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+import fit_grouped_grid
 
 GRID = Path(__file__).parent / "data" / "grouped_conv2d_grid_h200.json.gz"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -127,27 +131,14 @@ def test_float32_gradients_take_the_padded_rule_and_its_forwards_the_general_one
     assert 0.6 <= forward["modelled"] / forward["taken"] <= 0.7
 
 
-def _fit_module():
-    import importlib.util
-    import sys
-
-    path = Path(__file__).parent / "gpu" / "fit_grouped_grid.py"
-    spec = importlib.util.spec_from_file_location("fit_grouped_grid", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fit_grouped_grid", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_shipped_table_is_the_grids_steady_configurations():
     """``src/vramscope/estimate/recorded/grouped_conv2d_h200.json.gz`` is what
     ``tests/gpu/fit_grouped_grid.py --table`` makes of the grids (4 to 64 channels a group,
     and the wider 48 to 128: ``grouped_conv2d_wide_grid_h200.json.gz``): a line per configuration
     (pass, channels a group in and out, kernel, stride, padding, dtype) where three quarters
     of the layers of 28x28 or more took the same bytes per input byte."""
-    fit = _fit_module()
     shipped = kernels._recorded_table("grouped_conv2d_h200")
-    assert fit.table(fit.GRIDS)["rows"] == shipped
+    assert fit_grouped_grid.table(fit_grouped_grid.GRIDS)["rows"] == shipped
     assert 600 <= len(shipped) <= 640  # of the 1,188 configurations recorded
     # CPUBone-like narrow groups: a 2-group 3x3 stride-2 layer of 6 channels a group into
     # 24 takes 6.7 times its input for the data gradient in float32 (the padded rule: 2.3)
@@ -160,20 +151,21 @@ def test_the_table_holds_for_batches_it_was_not_fitted_on():
     configuration is not in it) set against the batch-64 layers: in every pass and dtype its
     error is below the rule's alone, and the layers under by more than 10 % (and 1 MiB) are
     fewer in total by more than a third."""
-    fit = _fit_module()
     with gzip.open(GRID, "rt") as f:
         rows = json.load(f)["rows"]
     lines = {
-        key: fit.fitted(layers)
-        for key, layers in fit.configurations([r for r in rows if r["x"][0] == 16]).items()
-        if fit.steady(layers)
+        key: fit_grouped_grid.fitted(layers)
+        for key, layers in fit_grouped_grid.configurations(
+            [r for r in rows if r["x"][0] == 16]
+        ).items()
+        if fit_grouped_grid.steady(layers)
     }
     error: dict[tuple[str, str], list[int]] = collections.defaultdict(lambda: [0, 0, 0])
     under = [0, 0]
     for row in (r for r in rows if r["x"][0] == 64):
         dtype = DTYPES[row["dtype"]]
         key = kernels.grouped_key(
-            fit.PASSES[row["kind"]], row["w"][1], row["w"][0] // row["groups"], row["w"][2],
+            fit_grouped_grid.PASSES[row["kind"]], row["w"][1], row["w"][0] // row["groups"], row["w"][2],
             row["stride"][0], row["padding"][0], dtype,
         )  # fmt: skip
         rule, taken = _modelled(row), row["extra"]

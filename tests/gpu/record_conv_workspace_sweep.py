@@ -295,6 +295,9 @@ def main(argv: list[str]) -> int:
         "grouped": grouped_grid,
         "grouped-wide": grouped_wide_grid,
     }
+    if grid is not None and grid not in grids:
+        print(f"unknown grid {grid!r}: one of {', '.join(grids)}", file=sys.stderr)
+        return 2
     cases = grids[grid]() if grid else random_cases(random.Random(7))
     start = time.time()
     for c in cases:

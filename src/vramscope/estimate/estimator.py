@@ -180,6 +180,20 @@ def estimate(
     return report
 
 
+def _the_larger(
+    report: Report, trace: Trace, traced_other: Callable[[], tuple[Report, Trace]]
+) -> tuple[Report, Trace, Report | None, str | None]:
+    """This estimate and another traced beside it: the larger (by its allocated peak) with
+    its trace, the other one (None when it could not be traced) and why it could not."""
+    try:
+        other, other_trace = traced_other()
+    except VramscopeError as exc:
+        return report, trace, None, str(exc)
+    if other.peak.allocated_bytes > report.peak.allocated_bytes:
+        return other, other_trace, report, None
+    return report, trace, other, None
+
+
 def _drawn_at_top(
     report: Report, trace: Trace, traced: Callable[..., tuple[Report, Trace]]
 ) -> tuple[Report, Trace]:
@@ -190,15 +204,10 @@ def _drawn_at_top(
     report says which draws and how many bytes depend on them."""
     if not trace.sized_by_draws:
         return report, trace
-    try:
-        top, top_trace = traced(HEAVY, draws_at_top=True)
-    except VramscopeError as exc:
-        top, top_trace, failed = None, None, str(exc)
-    else:
-        failed = None
-    chosen, chosen_trace, other = report, trace, top
-    if top is not None and top.peak.allocated_bytes > report.peak.allocated_bytes:
-        chosen, chosen_trace, other = top, top_trace, report
+    chosen, chosen_trace, other, failed = _the_larger(
+        report, trace, lambda: traced(HEAVY, draws_at_top=True)
+    )
+    top = None if other is None else chosen if chosen_trace.draws_at_top else other
     draws = "; ".join(trace.sized_by_draws)
     extra = chosen.extra.setdefault("estimate", {})
     extra["integer_draws"] = {
@@ -239,15 +248,7 @@ def _bounded_by_assumptions(
     peak depend on it."""
     if not trace.assumptions:
         return report
-    try:
-        other, other_trace = traced(LIGHT)
-    except VramscopeError as exc:
-        other, other_trace, failed = None, None, str(exc)
-    else:
-        failed = None
-    chosen, chosen_trace, alternative = report, trace, other
-    if other is not None and other.peak.allocated_bytes > report.peak.allocated_bytes:
-        chosen, chosen_trace, alternative = other, other_trace, report
+    chosen, chosen_trace, alternative, failed = _the_larger(report, trace, lambda: traced(LIGHT))
     variant = chosen_trace.variant
     rows = [
         {

@@ -955,14 +955,10 @@ def _grouped_padded_bytes(x: Any, w: Any, out: Any, groups: int) -> int:
         return 0
     og, cg = int(w.shape[0]) // groups, int(w.shape[1])
     size = x.element_size()
-    per_x = x.numel() // int(x.shape[1]) * groups * _padded(cg, 8) * size
-    per_out = out.numel() // int(out.shape[1]) * groups * _padded(og, 8) * size
-    per_w = groups * _padded(og, 8) * _padded(cg, 8) * math.prod(int(n) for n in w.shape[2:])
+    per_x = x.numel() // int(x.shape[1]) * groups * _round(cg, 8) * size
+    per_out = out.numel() // int(out.shape[1]) * groups * _round(og, 8) * size
+    per_w = groups * _round(og, 8) * _round(cg, 8) * math.prod(int(n) for n in w.shape[2:])
     return _round(per_x, 512) + _round(per_out, 512) + _round(per_w * size, 512) + _CUDNN_SLACK
-
-
-def _padded(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 # a float32 1x1 stride-1 forward from at least 1,024 to at least 2,048 channels over more
@@ -1275,21 +1271,18 @@ def _conv_backward_workspaces(
     # until the op ends (recorded on an H200); so is an input not laid out in the format
     # the convolution runs in, where the weight's gradient needs it (Convolution.cpp)
     copy = _conv_backward_copies(grad_out, x, w, bool(mask[1]))
-    grouped = {
-        kind: _recorded_grouped_2d(kind, x, w, stride, args[5], args[6], groups)
-        if swept and not transposed
-        else None
-        for kind in ("data", "weight")
-    }
+    tables = swept and not transposed  # the swept GPU's recorded tables apply
+
+    def grouped(kind: str) -> int | None:
+        return _recorded_grouped_2d(kind, x, w, stride, args[5], args[6], groups)
+
     if mask[0] and isinstance(out[0], torch.Tensor):
-        recorded_data = grouped["data"]
-        size = copy + (
-            recorded_data
-            if recorded_data is not None
-            else _conv_transform_bytes(
+        data = grouped("data") if tables else None
+        if data is None:
+            data = _conv_transform_bytes(
                 x, w, grad_out, stride, groups, transposed, gradient="data", swept=swept
             )
-        )
+        size = copy + data
         # recorded: the data gradient runs (and frees its workspace) before the weight
         # gradient is allocated
         later = out[1] if mask[1] and isinstance(out[1], torch.Tensor) else None
@@ -1297,26 +1290,16 @@ def _conv_backward_workspaces(
         recorder.transient(
             size, "temporary", "cuDNN convolution backward (data) workspace", (key, (0,)), later
         )
-    first_layer = (
-        _recorded_first_layer_wgrad(x, w, stride, args[5], args[6], groups)
-        if swept and not transposed and not mask[0]
-        else None
-    )
-    if grouped["weight"] is not None and mask[1] and isinstance(out[1], torch.Tensor):
-        # a grouped layer's weight gradient as recorded for its configuration (+ the copy)
-        key = _plan_key("weight", x, w, stride)
-        extra = copy if not mask[0] else 0
-        recorder.transient(
-            grouped["weight"] + extra,
-            "temporary",
-            "cuDNN convolution backward (weight) workspace (recorded)",
-            (key, (0,)),
-        )
-    elif first_layer is not None and mask[1] and isinstance(out[1], torch.Tensor):
-        # the weight gradient's workspace as recorded for this very shape (+ the copy)
+    wgrad = None  # the weight gradient's workspace as recorded: a grouped configuration's,
+    if tables and mask[1]:  # or a first layer's (its input needs no gradient) shape's
+        wgrad = grouped("weight")
+        if wgrad is None and not mask[0]:
+            wgrad = _recorded_first_layer_wgrad(x, w, stride, args[5], args[6], groups)
+    if wgrad is not None and isinstance(out[1], torch.Tensor):
+        # (+ the copy, when no data gradient counted it)
         key = _plan_key("weight", x, w, stride)
         recorder.transient(
-            first_layer + copy,
+            wgrad + (0 if mask[0] else copy),
             "temporary",
             "cuDNN convolution backward (weight) workspace (recorded)",
             (key, (0,)),

@@ -238,15 +238,14 @@ def _categories(
             continue
         seen.add(found[0])
         totals[category] += found[1]
-    for opt in optimizers:
+    for opt in optimizers:  # (the state last: a storage belongs to its first category)
         own = 0
-        for state in opt.state.values():
-            for _key, tensor in _named_tensors(state):
-                found = storages.of(tensor)
-                if found is None or found[0] in seen:
-                    continue
-                seen.add(found[0])
-                own += found[1]
+        for tensor, *_ in object_tensors([], [opt], ("optimizer_state",)):
+            found = storages.of(tensor)
+            if found is None or found[0] in seen:
+                continue
+            seen.add(found[0])
+            own += found[1]
         totals["optimizer_state"] += own
         if states is not None:
             states[id(opt)] = states.get(id(opt), 0) + own
