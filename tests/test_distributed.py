@@ -394,3 +394,48 @@ def test_ranks_measured_on_a_gpu_are_weighed_by_allocated_and_fit_80_columns():
 
 
 RECORDED = ("report_h200_gpt.json", "report_h200_leak.json")
+
+
+def test_a_script_that_destroyed_its_own_group_still_lets_the_collectives_settle(tmp_path):
+    """A single process that set up its own group (no launcher) and destroyed it before the
+    end still holds it through its DDP model: the runner waits before the script's objects go
+    (a gloo teardown with the GIL held can hang otherwise); a run without one does not wait."""
+    import time
+
+    from vramscope.tracking import runner
+    from vramscope.tracking.session import Session
+
+    script = tmp_path / "own_group.py"
+    script.write_text(
+        "import os, socket, time, torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "with socket.socket() as s:\n"
+        "    s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1)\n"
+        "model = DDP(torch.nn.Linear(8, 8))\n"
+        "model(torch.randn(4, 8)).sum().backward()\n"
+        "dist.destroy_process_group()\n"
+        "start = time.perf_counter()\n"
+    )
+    plain = tmp_path / "plain.py"
+    plain.write_text("import time, torch\nstart = time.perf_counter()\ntorch.nn.Linear(8, 8)\n")
+    waits = {}
+    original = runner._let_collectives_settle
+
+    def timed(session: Session) -> None:
+        began = time.perf_counter()
+        original(session)
+        waits[len(waits)] = (time.perf_counter() - began, session.holds_process_groups())
+
+    runner._let_collectives_settle = timed
+    try:
+        for path in (script, plain):
+            _, code = runner.run_script(path, [], Session(device="cpu", status=False))
+            assert code == 0
+    finally:
+        runner._let_collectives_settle = original
+    assert "RANK" not in os.environ
+    (group_wait, held), (plain_wait, none_held) = waits[0], waits[1]
+    assert held and group_wait >= runner.SETTLE_S
+    assert not none_held and plain_wait < runner.SETTLE_S / 2

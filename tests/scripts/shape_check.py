@@ -2,6 +2,7 @@
 (benchmarks/peak_oracle.py, which shares no code with vramscope), then ``vramscope run`` with
 the given detail; prints the comparison as JSON (one process: torch is imported once)."""
 
+import faulthandler
 import json
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import peak_oracle  # noqa: E402
 
+# a run that hangs prints where every thread stood and ends, well before the test's timeout
+faulthandler.dump_traceback_later(300, exit=True)
 name, details = sys.argv[1], sys.argv[2].split(",")
 script, extra = peak_oracle.SCRIPTS[name]
 path = str(peak_oracle.SCRIPTS_DIR / script)

@@ -198,7 +198,7 @@ def run_script(
             namespace = runpy.run_path(str(path), run_name="__main__")
         finally:
             stops.armed = False
-            _let_collectives_settle()  # the script's objects are still alive here
+            _let_collectives_settle(session)  # the script's objects are still alive here
         del namespace
     except Terminated:
         pass  # recorded below: the signal decides the exit, whatever unwound the script
@@ -227,21 +227,30 @@ def run_script(
     return _with_signal(session.report(), stops), code
 
 
-SETTLE_S = 0.05
+SETTLE_S = 0.1
 
 
-def _let_collectives_settle() -> None:
-    """Under a distributed launch, give torch.distributed's worker threads a moment without
-    the GIL before the script's objects are freed.
+def _let_collectives_settle(session: Session) -> None:
+    """When the script used torch.distributed, give its worker threads a moment without the
+    GIL before the script's objects are freed.
 
-    A gloo worker thread frees each finished collective, which needs the GIL (the work keeps
-    Python state captured when it was launched). When the script's DDP model goes away, its
+    A gloo worker thread frees each finished collective, which needs the GIL when the work
+    keeps Python state captured when it was launched (the CPU source's dispatch mode is part
+    of every work a tracked CPU run launches). When the script's DDP model goes away, its
     reducer destroys the process group it still holds, joining those threads while holding
-    the GIL: a thread still waiting to free its last work never gets it, and the rank hangs
-    (seen now and then on a loaded machine when a script ends right after its collectives).
-    Sleeping here lets them finish first; nothing new is launched once the script ended.
+    the GIL: a thread still waiting to free its last work never gets it, and the process
+    hangs (seen now and then on a loaded machine when a script ends right after its
+    collectives, under a launcher and in a single process that set up its own group and
+    destroyed it before the end). Sleeping here lets them finish first; nothing new is
+    launched once the script ended. Runs that never made a process group do not wait.
     """
-    if "RANK" in os.environ and "torch.distributed" in sys.modules:
+    if "torch.distributed" not in sys.modules or not torch.distributed.is_available():
+        return
+    if (
+        "RANK" in os.environ
+        or torch.distributed.is_initialized()
+        or session.holds_process_groups()
+    ):
         time.sleep(SETTLE_S)
 
 

@@ -483,6 +483,11 @@ class Session(StepBoundaries):
             sampler.interval_s = interval
             self._sampler_paces.append((round(time.perf_counter() - self._t0, 6), interval))
 
+    def holds_process_groups(self) -> bool:
+        """Whether a model seen in this run still holds a process group (DDP's, FSDP's),
+        after the script may have destroyed the default one."""
+        return any(getattr(m, "process_group", None) is not None for m in list(self._models))
+
     @property
     def _device_type(self) -> str:
         return "cuda" if self._device_index is not None else "cpu"
