@@ -246,11 +246,7 @@ def _let_collectives_settle(session: Session) -> None:
     """
     if "torch.distributed" not in sys.modules or not torch.distributed.is_available():
         return
-    if (
-        "RANK" in os.environ
-        or torch.distributed.is_initialized()
-        or session.holds_process_groups()
-    ):
+    if "RANK" in os.environ or torch.distributed.is_initialized() or session.holds_process_groups():
         time.sleep(SETTLE_S)
 
 
