@@ -27,6 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TIMM_JSON = HERE / "results" / "zoo_timm_models.json"
+TIMM_VARIANTS_JSON = HERE / "results" / "zoo_timm_variants.json"
 LIBRARIES = ("torchvision", "timm", "hf", "layers")
 
 HF_BATCH = 4
@@ -185,6 +186,67 @@ def timm_rows(path: Path = TIMM_JSON) -> list[dict[str, Any]]:
     return rows
 
 
+# ---- timm's other variants (models the accuracy sweep never saw) ------------------------------
+
+VARIANTS_PER_FAMILY = 2
+VARIANT_MAX_PARAMETERS = 200_000_000
+
+
+def choose_timm_variants(per_family: int = VARIANTS_PER_FAMILY) -> dict[str, Any]:
+    """Per family, up to ``per_family`` variants other than the sweep's smallest, picked by a
+    stable hash of their names (not by size, not by hand) among those of at most 200M
+    parameters (counted on the meta device): models nobody tuned the estimator on."""
+    import timm
+    import torch
+    from timm.models._registry import _model_to_module
+
+    smallest = {e.get("model") for e in json.loads(TIMM_JSON.read_text())["families"].values()}
+    families: dict[str, list[str]] = {}
+    for name in timm.list_models():
+        if name not in smallest:
+            families.setdefault(_model_to_module[name], []).append(name)
+    chosen: dict[str, Any] = {}
+    for family, names in sorted(families.items()):
+        for name in sorted(names, key=lambda n: zlib.crc32(n.encode())):
+            if len(chosen.get(family, [])) >= per_family:
+                break
+            try:
+                with warnings.catch_warnings(), torch.device("meta"):
+                    warnings.simplefilter("ignore")
+                    model = timm.create_model(name, pretrained=False)
+            except Exception:
+                continue  # counted by the sweep's family rows; a variant must build
+            parameters = sum(p.numel() for p in model.parameters())
+            if parameters > VARIANT_MAX_PARAMETERS:
+                continue
+            side = list(model.default_cfg.get("input_size", (3, 224, 224)))[-1]
+            chosen.setdefault(family, []).append(
+                {"model": name, "parameters": parameters, "side": side}
+            )
+            print(f"{family:28s} {name:50s} {parameters / 1e6:8.2f}M", flush=True)
+    return chosen
+
+
+def write_timm_variants(path: Path = TIMM_VARIANTS_JSON) -> None:
+    import timm
+
+    document = {
+        "meta": {"date": datetime.date.today().isoformat(), "timm": timm.__version__},
+        "families": choose_timm_variants(),
+    }
+    path.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def timm_variant_rows(path: Path = TIMM_VARIANTS_JSON) -> list[dict[str, Any]]:
+    rows = []
+    for family, entries in json.loads(path.read_text())["families"].items():
+        for entry in entries:
+            batch = VISION_BATCH if entry["side"] <= 256 else 8
+            spec = f"timm:{entry['model']}"
+            rows.append(_row(spec, "timm-variants", family, "image-classification", batch))
+    return rows
+
+
 # ---- transformers ------------------------------------------------------------------------------
 
 
@@ -231,6 +293,8 @@ def workloads(only: str | None = None) -> list[dict[str, Any]]:
         "hf": hf_rows,
         "layers": layer_rows,
     }
+    if only == "timm-variants":  # not part of the sweep: a check on models it never saw
+        return timm_variant_rows()
     lists = [makers[lib]() for lib in LIBRARIES if only in (None, lib)]
     rows: list[dict[str, Any]] = []
     for i in range(max((len(x) for x in lists), default=0)):
@@ -243,10 +307,16 @@ def workloads(only: str | None = None) -> list[dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timm", action="store_true", help="choose timm's models again")
-    parser.add_argument("--only", choices=LIBRARIES)
+    parser.add_argument(
+        "--timm-variants", action="store_true", help="choose timm's other variants again"
+    )
+    parser.add_argument("--only", choices=(*LIBRARIES, "timm-variants"))
     args = parser.parse_args()
     if args.timm:
         write_timm_models()
+        return 0
+    if args.timm_variants:
+        write_timm_variants()
         return 0
     for row in workloads(args.only):
         print(f"{row['library']:12s} {row['batch']:3d} {row['precision']:10s} {row['spec']}")
