@@ -37,6 +37,35 @@ def small_vit(batch_size, device):
                                   torch.randint(0, 10, (batch_size,), device=device)),
                   lambda m, x, y: F.cross_entropy(m(x), y))
 
+def _bn_net(device):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)).to(device)
+
+def _bn_batch(batch_size, device):
+    return lambda: (torch.randn(batch_size, 3, 32, 32, device=device),
+                    torch.randint(0, 10, (batch_size,), device=device))
+
+def bn_net(batch_size, device):
+    return _train(_bn_net(device), _bn_batch(batch_size, device),
+                  lambda m, x, y: F.cross_entropy(m(x), y))
+
+def bn_net_with_ema(batch_size, device):
+    import copy
+    model = _bn_net("cpu")
+    # an EMA copy made before the move (timm's pruned models copy so too): BatchNorm's
+    # num_batches_tracked is a fake tensor made from a number, its value kept as a constant
+    ema = copy.deepcopy(model).to(device)
+    model = model.to(device)
+    def loss(m, x, y):
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), m.parameters()):
+                e.lerp_(p, 0.001)
+        return F.cross_entropy(m(x), y)
+    workload = _train(model, _bn_batch(batch_size, device), loss)
+    workload.meta["ema"] = ema
+    return workload
+
 def _mlp(device):
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 10)).to(device)
@@ -217,6 +246,23 @@ def test_a_module_that_deep_copies_its_layers_is_estimated(workloads):
     report = estimate(f"{workloads}:small_vit", 8)
     # the three deep copies of the encoder layer are parameters of their own
     assert report.categories_at_peak.parameters == weights
+
+
+def test_a_deep_copy_of_a_model_with_batchnorm_is_estimated(workloads):
+    """An EMA copy made with ``copy.deepcopy`` in ``build()``: BatchNorm's
+    ``num_batches_tracked`` keeps its value as a fake tensor's constant, copied for real; the
+    copy's tensors are alive through every step, on top of the same run without it."""
+    import copy
+
+    plain = estimate(f"{workloads}:bn_net", 8)
+    with_ema = estimate(f"{workloads}:bn_net_with_ema", 8)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16), torch.nn.Linear(16, 10)
+    )
+    ema = copy.deepcopy(net)
+    held = [*ema.parameters(), *ema.buffers()]
+    copied = sum(-(-t.numel() * t.element_size() // 512) * 512 for t in held)
+    assert with_ema.peak.allocated_bytes - plain.peak.allocated_bytes == copied
 
 
 def test_a_model_compiled_in_build_is_estimated_as_its_eager_original(workloads):

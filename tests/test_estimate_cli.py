@@ -95,3 +95,18 @@ def test_bad_input_in_a_fresh_process_is_one_line_and_exit_2():
 def test_missing_workload_is_a_usage_error():
     proc = vramscope_here("estimate")
     assert proc.returncode == 2 and "missing WORKLOAD" in proc.stderr
+
+
+def test_a_lazy_module_in_build_is_one_line_saying_what_to_do(tmp_path: Path):
+    path = tmp_path / "lazy_net.py"
+    path.write_text(
+        "import torch, vramscope\n"
+        "def build(batch_size, device):\n"
+        "    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(10)).to(device)\n"
+        "    return vramscope.Workload(model=model,\n"
+        "        batch=torch.randn(batch_size, 3, 8, 8, device=device),\n"
+        "        loss=lambda m, x: m(x).sum(), optimizer=None)\n"
+    )
+    proc = vramscope("estimate", f"{path}:build", "-b", "2", "--gpu", "h200")
+    assert_one_line_error(proc, "lazy module (nn.LazyLinear")
+    assert "nn.Linear(in_features, out_features)" in proc.stderr

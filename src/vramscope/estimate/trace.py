@@ -646,6 +646,34 @@ def _flex_attention_uncompiled() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _fake_constants_deep_copy() -> Iterator[None]:
+    """``copy.deepcopy`` of a module holding a fake tensor made from a Python number
+    (BatchNorm's ``num_batches_tracked``, ``torch.tensor(0)``): the fake tensor keeps that
+    real value in its ``constant``, and copying it under the fake mode would give a fake
+    tensor a real CPU storage (torch refuses). The copy's constant is cloned for real; the
+    rest is torch's own deep copy. An EMA copy of a model (``copy.deepcopy(model)``), timm's
+    pruned models and ``nn.TransformerEncoder``'s layers are made so."""
+
+    def deep_copy(self: FakeTensor, memo: dict[int, Any]) -> Any:
+        constant = getattr(self, "constant", None)
+        if isinstance(constant, torch.Tensor) and id(constant) not in memo:
+            with no_dispatch():
+                memo[id(constant)] = constant.clone()
+        return torch.Tensor.__deepcopy__(self, memo)
+
+    had = "__deepcopy__" in FakeTensor.__dict__
+    previous = FakeTensor.__dict__.get("__deepcopy__")
+    FakeTensor.__deepcopy__ = deep_copy  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if had:
+            FakeTensor.__deepcopy__ = previous  # type: ignore[method-assign]
+        else:
+            del FakeTensor.__deepcopy__
+
+
+@contextlib.contextmanager
 def _quiet_fake_tensor_warnings() -> Iterator[None]:
     """Warnings about fake tensors themselves, not the user's code: a deep copy reads a fake
     tensor's data pointer (``Tensor.__deepcopy__``), sparse kernels run without invariant
@@ -781,6 +809,7 @@ def trace_workload(
         _flex_attention_uncompiled(),
         _compiled_code_runs_eagerly(),
         _quiet_fake_tensor_warnings(),
+        _fake_constants_deep_copy(),
         scalars.formatted_scalars(),
     ):
         from vramscope.workload import build_workload
@@ -915,6 +944,13 @@ def _explain_build_error(exc: WorkloadError, spec: str) -> VramscopeError:
     if "meta" in message and "data" in message:
         return WorkloadError(
             f"{message}; the build reads tensor values, which an estimate does not have"
+        )
+    if "UninitializedParameter" in message or "UninitializedBuffer" in message:
+        return WorkloadError(
+            f"building {spec} made a lazy module (nn.LazyLinear, nn.LazyConv2d, ...), whose "
+            "parameters take their size from the first input: an estimate cannot build one; "
+            "give its input size (nn.Linear(in_features, out_features)), or measure a run "
+            "with `vramscope run`"
         )
     return exc
 
