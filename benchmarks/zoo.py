@@ -408,7 +408,9 @@ def select(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[st
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("torchvision", "timm", "hf", "layers", "timm-variants"))
+    parser.add_argument(
+        "--only", choices=("torchvision", "timm", "hf", "layers", "timm-variants", "hf-seqcls")
+    )
     parser.add_argument("--limit", type=int, help="the first N workloads (in the list's order)")
     parser.add_argument("--ids", nargs="*", help="only these workload ids (or specs)")
     parser.add_argument("--jobs", type=int, default=2)

@@ -124,6 +124,27 @@ def test_a_true_precision_builds_the_model_in_its_dtype(tiny):
     assert workload.meta["hf"]["seq"] == 16
 
 
+def test_a_decoder_classifier_without_a_pad_token_pads_with_its_end_token(tmp_path):
+    """Llama for sequence classification finds each sequence's last token by its pad token
+    and refuses a batch of 2 without one (a real CPU run of the same model raises too):
+    the end-of-sequence token pads, as fine-tuning scripts set it, and the report says so."""
+    folder = tiny_config(
+        "llama-3-8b", tmp_path / "llama-cls", architectures=["LlamaForSequenceClassification"]
+    )
+    spec = resolve(f"hf:{folder}/seq=16")
+    from vramscope.workload import build_workload
+
+    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
+    assert workload.meta["hf"]["task"] == "sequence-classification"
+    assert workload.meta["hf"]["pad_token_id"] == workload.model.config.eos_token_id == 1
+    batch = workload.batch()
+    workload.loss(workload.model, **batch).backward()  # the real step runs
+    report = estimate(f"hf:{folder}/seq=16", 2)
+    assert report.workload["training"]
+    notes = report.extra["estimate"]["notes"]
+    assert any("has no pad_token_id: token 1 (its end-of-sequence token) pads" in n for n in notes)
+
+
 # ---- reading the spec -------------------------------------------------------------------------
 
 

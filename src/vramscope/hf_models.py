@@ -524,6 +524,21 @@ def _main_input(config: Any, task: str) -> str | None:
     return getattr(model_class(config, task), "main_input_name", None)
 
 
+def pad_with_end_token(config: Any) -> int | None:
+    """A config without ``pad_token_id`` gets its end-of-sequence token as padding, as
+    fine-tuning scripts set it (``model.config.pad_token_id = tokenizer.eos_token_id``): a
+    decoder's classification head finds each sequence's last token by it and refuses a batch
+    of more than one sequence without it. Returns the id set (0 when the config names no end
+    token either), None when the config had one."""
+    if getattr(config, "pad_token_id", None) is not None:
+        return None
+    end = getattr(config, "eos_token_id", None)
+    if isinstance(end, (list, tuple)):
+        end = end[0] if end else None
+    config.pad_token_id = int(end) if isinstance(end, int) else 0
+    return config.pad_token_id
+
+
 def _token_classification(
     config: Any, mode: str, shapes: Shapes, vocab: int, device: torch.device
 ) -> tuple[Callable[[], Any], Callable[..., Any]]:

@@ -389,6 +389,7 @@ def hf_builder(name: str) -> Builder:
             seq = int(opts.get("seq", hf_models.default_sequence(config, task)))
             shapes = hf_models.Shapes(batch_size, seq)
         mode = "generate" if parsed.generate else "train" if parsed.training else "infer"
+        padded = hf_models.pad_with_end_token(config) if task == "sequence-classification" else None
         batch, loss = hf_models.batch_and_loss(config, task, mode, shapes, device)
         model = hf_models.build_model(config, task, auto, _true_dtype(precision), attn)
         if "ckpt" in opts:
@@ -416,6 +417,13 @@ def hf_builder(name: str) -> Builder:
             "config": source.describe(),
             **_shape_meta(shapes, parsed),
         }
+        if padded is not None:
+            workload.meta["hf"]["pad_token_id"] = padded
+            workload.meta.setdefault("notes", []).append(
+                f"the config has no pad_token_id: token {padded} (its end-of-sequence token) "
+                "pads, as fine-tuning scripts set it, so that the classifier finds each "
+                "sequence's last token"
+            )
         return workload
 
     return build

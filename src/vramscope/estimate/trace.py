@@ -819,6 +819,7 @@ def trace_workload(
         except WorkloadError as exc:
             raise _explain_build_error(exc, spec.spec) from None
         workload = workload.with_overrides(precision=precision, accumulate=accumulate)
+        recorder.notes.extend(workload.meta.get("notes", ()))  # what the builder chose
         workload = _eager_original(workload, recorder)
         _share_higher_order_rules()  # for those the build imported
         _check_device(workload, spec.spec)
