@@ -86,6 +86,11 @@ def join(estimates: list[dict[str, Any]], measured: dict[str, dict[str, Any]]) -
             row["estimate_error"] = err
         if gpu and not gpu.get("ok"):
             row["measure_error"] = gpu.get("error") or {"class": gpu.get("lost", "?")}
+        if row["counts"] and _fails_alike(row):
+            # the GPU raised the error the estimate predicted (bfloat16 FFTs under autocast):
+            # torch cannot run this workload there, and the estimate said so
+            row["fails_on_gpu_as_estimated"] = True
+            row["counts"] = False
         if row["estimated"]:
             row["estimate"] = est_row["estimate"]["peak"]
             row["estimate_seconds"] = est_row["estimate"]["seconds"]
@@ -112,6 +117,13 @@ def join(estimates: list[dict[str, Any]], measured: dict[str, dict[str, Any]]) -
                 row["range_error_pct"] = _range_errors(row)
         rows.append(row)
     return rows
+
+
+def _fails_alike(row: dict[str, Any]) -> bool:
+    """Whether the estimate failed with the very error the GPU's run raised."""
+    estimate = (row.get("estimate_error") or {}).get("class")
+    measured = (row.get("measure_error") or {}).get("class")
+    return bool(estimate and measured and "error" in measured.lower() and measured in estimate)
 
 
 def _range_errors(row: dict[str, Any]) -> dict[str, float]:
@@ -153,6 +165,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "ran_a_real_step": len(counted),
         "estimated": sum(1 for r in counted if r["estimated"]),
         "measured_on_gpu": sum(1 for r in rows if r["ran_gpu"]),
+        "fail_on_gpu_as_estimated": [r["id"] for r in rows if r.get("fails_on_gpu_as_estimated")],
         "compared": len(compared),
         "columns": {},
     }
@@ -310,6 +323,12 @@ def table(document: dict[str, Any]) -> str:
     for lib, entry in s["libraries"].items():
         lines.append(
             f"  {lib:12s} {entry['estimated']:4d} of {entry['ran']:4d} ({entry['coverage_pct']} %)"
+        )
+    alike = s.get("fail_on_gpu_as_estimated") or []
+    if alike:
+        lines.append(
+            f"  not counted: {len(alike)} fail on the GPU with the error the estimate gives "
+            f"({', '.join(alike[:4])})"
         )
     lines += ["", f"{'column':12s} {'median':>8s} {'p90':>8s} {'p95':>8s} {'worst':>8s}  target"]
     for col, c in s["columns"].items():

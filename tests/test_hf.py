@@ -145,6 +145,32 @@ def test_a_decoder_classifier_without_a_pad_token_pads_with_its_end_token(tmp_pa
     assert any("has no pad_token_id: token 1 (its end-of-sequence token) pads" in n for n in notes)
 
 
+def test_an_encoder_decoder_classifier_gets_one_end_token_a_sequence(tmp_path):
+    """BART for sequence classification reads the decoder's state at each sequence's end
+    token and refuses sequences without one: the batch ends each sequence with it, as a
+    tokenizer does, and has it nowhere else."""
+    folder = tmp_path / "bart-cls"
+    folder.mkdir()
+    config = {
+        "model_type": "bart", "architectures": ["BartForSequenceClassification"],
+        "d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+        "vocab_size": 64, "max_position_embeddings": 64, "eos_token_id": 2, "pad_token_id": 1,
+        "bos_token_id": 0, "decoder_start_token_id": 2,
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    spec = resolve(f"hf:{folder}/seq=16")
+    from vramscope.workload import build_workload
+
+    workload = build_workload(spec.builder, 4, torch.device("cpu"), spec.spec)
+    batch = workload.batch()
+    ids = batch["input_ids"]
+    assert (ids[:, -1] == 2).all() and int((ids == 2).sum()) == 4
+    workload.loss(workload.model, **batch).backward()  # the real step runs
+    report = estimate(f"hf:{folder}/seq=16", 4)
+    assert report.workload["training"]
+
+
 # ---- reading the spec -------------------------------------------------------------------------
 
 

@@ -528,15 +528,29 @@ def pad_with_end_token(config: Any) -> int | None:
     """A config without ``pad_token_id`` gets its end-of-sequence token as padding, as
     fine-tuning scripts set it (``model.config.pad_token_id = tokenizer.eos_token_id``): a
     decoder's classification head finds each sequence's last token by it and refuses a batch
-    of more than one sequence without it. Returns the id set (0 when the config names no end
-    token either), None when the config had one."""
-    if getattr(config, "pad_token_id", None) is not None:
+    of more than one sequence without it. Set on the config and its text part (composite
+    models' heads read that). Returns the id set (0 when the config names no end token in its
+    vocabulary), None when the config had one."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "pad_token_id", None) is not None:
         return None
+    end = _end_token(text) if _end_token(text) is not None else _end_token(config)
+    pad = end if end is not None else 0
+    for part in {id(config): config, id(text): text}.values():
+        if getattr(part, "pad_token_id", None) is None:
+            part.pad_token_id = pad
+    return pad
+
+
+def _end_token(config: Any) -> int | None:
+    """The config's end-of-sequence token id, when it is one of its vocabulary's."""
     end = getattr(config, "eos_token_id", None)
     if isinstance(end, (list, tuple)):
         end = end[0] if end else None
-    config.pad_token_id = int(end) if isinstance(end, int) else 0
-    return config.pad_token_id
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(end, int) or (isinstance(vocab, int) and not 0 <= end < vocab):
+        return None
+    return end
 
 
 def _token_classification(
@@ -546,8 +560,16 @@ def _token_classification(
     b, seq = shapes.batch_size, shapes.seq
     labels_count = int(getattr(config, "num_labels", 2) or 2)
 
+    # each sequence ends with the end token, as a tokenizer appends it, and has none before:
+    # an encoder-decoder's classifier (BART's) reads the decoder's state there and refuses
+    # sequences without one (or with different counts); a decoder's padded with it ignores it
+    end = _end_token(config)
+
     def batch() -> dict[str, torch.Tensor]:
         ids = torch.randint(0, vocab, (b, seq), device=device)
+        if end is not None and vocab > 1:
+            ids = torch.where(ids == end, (end + 1) % vocab, ids)
+            ids[:, -1] = end
         return {"input_ids": ids, "labels": torch.randint(0, labels_count, (b,), device=device)}
 
     def loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
