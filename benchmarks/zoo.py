@@ -409,7 +409,8 @@ def select(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[st
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--only", choices=("torchvision", "timm", "hf", "layers", "timm-variants", "hf-seqcls")
+        "--only",
+        choices=("torchvision", "timm", "hf", "layers", "timm-variants", "hf-seqcls", "hf-heads"),
     )
     parser.add_argument("--limit", type=int, help="the first N workloads (in the list's order)")
     parser.add_argument("--ids", nargs="*", help="only these workload ids (or specs)")

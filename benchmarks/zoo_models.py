@@ -272,33 +272,51 @@ def hf_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def hf_sequence_classification_rows() -> list[dict[str, Any]]:
-    """Sequence classification (a pretrained LM fine-tuned with a classifier head, the most
-    common fine-tune) for every model type of the sweep whose shrunk causal or masked LM
-    config has a ``ForSequenceClassification`` class: the same config with that class as its
-    architecture. Not part of the sweep: a check on heads it never traced (the last
-    non-padding token found from the ids, pooled outputs)."""
+def hf_head_rows(tasks: tuple[str, ...], library: str) -> list[dict[str, Any]]:
+    """Text heads fine-tuned on a pretrained LM, for every model type of the sweep whose
+    shrunk causal or masked LM config has a class for the task: the same config with that
+    class as its architecture. Not part of the sweep: a check on heads it never traced."""
     from transformers.models.auto import modeling_auto
 
     import zoo_hf
 
-    heads = modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
-    rows, seen = [], set()
-    for entry in zoo_hf.load_entries().values():
-        cls = heads.get(entry["type"])
-        if "config" not in entry or entry["task"] not in ("causal-lm", "masked-lm") or not cls:
-            continue
-        if entry["type"] in seen:
-            continue
-        seen.add(entry["type"])
-        key = zoo_hf.entry_key(entry["type"], "sequence-classification")
-        config = {**entry["config"], "architectures": [cls]}
-        zoo_hf.write_config(config, key, ROOT / zoo_hf.CONFIG_DIR)
-        spec = f"hf:{zoo_hf.CONFIG_DIR / key}.json/seq={HF_SEQ}"
-        row = _row(spec, "hf-seqcls", entry["type"], "sequence-classification", HF_BATCH)
-        row["level"] = entry["level"]
-        rows.append(row)
+    mappings = {
+        "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+        "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+        "question-answering": "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+        "multiple-choice": "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES",
+    }
+    rows = []
+    for task in tasks:
+        heads = getattr(modeling_auto, mappings[task])
+        seen = set()
+        for entry in zoo_hf.load_entries().values():
+            cls = heads.get(entry["type"])
+            if "config" not in entry or entry["task"] not in ("causal-lm", "masked-lm"):
+                continue
+            if not cls or entry["type"] in seen:
+                continue
+            seen.add(entry["type"])
+            key = zoo_hf.entry_key(entry["type"], task)
+            config = {**entry["config"], "architectures": [cls]}
+            zoo_hf.write_config(config, key, ROOT / zoo_hf.CONFIG_DIR)
+            spec = f"hf:{zoo_hf.CONFIG_DIR / key}.json/seq={HF_SEQ}"
+            row = _row(spec, library, entry["type"], task, HF_BATCH)
+            row["level"] = entry["level"]
+            rows.append(row)
     return rows
+
+
+def hf_sequence_classification_rows() -> list[dict[str, Any]]:
+    """Sequence classification (the most common fine-tune): the last non-padding token found
+    from the ids, pooled outputs, an encoder-decoder's end token."""
+    return hf_head_rows(("sequence-classification",), "hf-seqcls")
+
+
+def hf_text_head_rows() -> list[dict[str, Any]]:
+    """Token classification, extractive question answering and multiple choice."""
+    tasks = ("token-classification", "question-answering", "multiple-choice")
+    return hf_head_rows(tasks, "hf-heads")
 
 
 # ---- layers ------------------------------------------------------------------------------------
@@ -322,7 +340,11 @@ def workloads(only: str | None = None) -> list[dict[str, Any]]:
         "hf": hf_rows,
         "layers": layer_rows,
     }
-    checks = {"timm-variants": timm_variant_rows, "hf-seqcls": hf_sequence_classification_rows}
+    checks = {
+        "timm-variants": timm_variant_rows,
+        "hf-seqcls": hf_sequence_classification_rows,
+        "hf-heads": hf_text_head_rows,
+    }
     if only in checks:  # not part of the sweep: checks on models it never saw
         return checks[only]()
     lists = [makers[lib]() for lib in LIBRARIES if only in (None, lib)]
@@ -340,7 +362,7 @@ def main() -> int:
     parser.add_argument(
         "--timm-variants", action="store_true", help="choose timm's other variants again"
     )
-    parser.add_argument("--only", choices=(*LIBRARIES, "timm-variants", "hf-seqcls"))
+    parser.add_argument("--only", choices=(*LIBRARIES, "timm-variants", "hf-seqcls", "hf-heads"))
     args = parser.parse_args()
     if args.timm:
         write_timm_models()

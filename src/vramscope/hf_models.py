@@ -53,6 +53,17 @@ _TASKS = (
     ),
     ("ctc", "MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
     (
+        "token-classification",
+        "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+        "AutoModelForTokenClassification",
+    ),
+    (
+        "question-answering",
+        "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+        "AutoModelForQuestionAnswering",
+    ),
+    ("multiple-choice", "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES", "AutoModelForMultipleChoice"),
+    (
         "contrastive",
         "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
         "AutoModelForZeroShotImageClassification",
@@ -67,8 +78,14 @@ _SUFFIXES = (
     ("ForImageClassification", "image-classification"),
     ("ForAudioClassification", "audio-classification"),
     ("ForCTC", "ctc"),
+    ("ForTokenClassification", "token-classification"),
+    ("ForQuestionAnswering", "question-answering"),
+    ("ForMultipleChoice", "multiple-choice"),
     ("ForConditionalGeneration", "seq2seq-lm"),
 )
+# the text tasks whose heads read a label per token, two positions, or several choices
+TEXT_HEAD_TASKS = ("token-classification", "question-answering", "multiple-choice")
+CHOICES = 4  # multiple choice: answers a question, as SWAG and RACE have
 TEXT_GENERATION_TASKS = ("causal-lm", "seq2seq-lm")
 AUDIO_TASKS = ("audio-classification", "ctc")
 SAMPLE_RATE = 16_000  # raw audio: one second by default
@@ -315,17 +332,31 @@ def task_of(config: Any) -> tuple[str, str]:
         for suffix, task in _SUFFIXES:
             if arch.endswith(suffix):
                 return task, next(a for t, _, a in _TASKS if t == task)
+        if _is_head(arch):
+            raise WorkloadError(_unsupported(arch))
     model_type = getattr(config, "model_type", None)
     for task, mapping, auto in _TASKS:
         if model_type in getattr(modeling_auto, mapping, {}):
             return task, auto
     if arch:
-        raise WorkloadError(
-            f"hf: builds causal and sequence-to-sequence LMs, masked LMs, text, image and "
-            f"audio classifiers, CTC speech models, CLIP-style and base models; {arch} is "
-            "none of these"
-        )
+        raise WorkloadError(_unsupported(arch))
     raise WorkloadError(f"transformers has no model for the config type {model_type!r}")
+
+
+def _is_head(arch: str) -> bool:
+    """Whether ``arch`` names a transformers model with a task head (``...For...``): one
+    of no supported task is refused rather than estimated as another model of its type."""
+    import transformers
+
+    return "For" in arch and hasattr(transformers, arch)
+
+
+def _unsupported(arch: str) -> str:
+    return (
+        "hf: builds causal and sequence-to-sequence LMs, masked LMs, text (sequence, token), "
+        "image and audio classifiers, question answering, multiple choice, CTC speech "
+        f"models, CLIP-style and base models; {arch} is none of these"
+    )
 
 
 def task_of_model(model: torch.nn.Module) -> str | None:
@@ -464,6 +495,8 @@ def batch_and_loss(
         return batch, loss
     if task == "sequence-classification":
         return _token_classification(config, mode, shapes, vocab, device)
+    if task in TEXT_HEAD_TASKS:
+        return _text_heads(config, task, mode, shapes, vocab, device)
     if task in AUDIO_TASKS:
         return _audio(config, task, mode, shapes, device)
     vision = vision_config(config)
@@ -553,29 +586,74 @@ def _end_token(config: Any) -> int | None:
     return end
 
 
+def _text_ids(config: Any, vocab: int, device: torch.device) -> Callable[..., torch.Tensor]:
+    """Random token ids of a shape, each sequence ending with the end token and having none
+    before, as a tokenizer makes them: an encoder-decoder's classifier (BART's) reads the
+    decoder's state there and refuses sequences without one (or with different counts); a
+    decoder padded with it ignores it."""
+    end = _end_token(config)
+
+    def ids(*shape: int) -> torch.Tensor:
+        drawn = torch.randint(0, vocab, shape, device=device)
+        if end is not None and vocab > 1:
+            drawn = torch.where(drawn == end, (end + 1) % vocab, drawn)
+            drawn[..., -1] = end
+        return drawn
+
+    return ids
+
+
 def _token_classification(
     config: Any, mode: str, shapes: Shapes, vocab: int, device: torch.device
 ) -> tuple[Callable[[], Any], Callable[..., Any]]:
     """A classifier of token sequences: ids of ``seq`` tokens and a label per sequence."""
     b, seq = shapes.batch_size, shapes.seq
     labels_count = int(getattr(config, "num_labels", 2) or 2)
-
-    # each sequence ends with the end token, as a tokenizer appends it, and has none before:
-    # an encoder-decoder's classifier (BART's) reads the decoder's state there and refuses
-    # sequences without one (or with different counts); a decoder's padded with it ignores it
-    end = _end_token(config)
+    ids = _text_ids(config, vocab, device)
 
     def batch() -> dict[str, torch.Tensor]:
-        ids = torch.randint(0, vocab, (b, seq), device=device)
-        if end is not None and vocab > 1:
-            ids = torch.where(ids == end, (end + 1) % vocab, ids)
-            ids[:, -1] = end
-        return {"input_ids": ids, "labels": torch.randint(0, labels_count, (b,), device=device)}
+        labels = torch.randint(0, labels_count, (b,), device=device)
+        return {"input_ids": ids(b, seq), "labels": labels}
 
     def loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
         if mode == "infer":
             return model(input_ids=input_ids).logits
         return model(input_ids=input_ids, labels=labels).loss
+
+    return batch, loss
+
+
+def _text_heads(
+    config: Any, task: str, mode: str, shapes: Shapes, vocab: int, device: torch.device
+) -> tuple[Callable[[], Any], Callable[..., Any]]:
+    """Token classification (a label per token: named entities), extractive question
+    answering (a start and an end position per sequence) and multiple choice (``CHOICES``
+    sequences of ``seq`` tokens per question, one label)."""
+    b, seq = shapes.batch_size, shapes.seq
+    labels_count = int(getattr(config, "num_labels", 2) or 2)
+    ids = _text_ids(config, vocab, device)
+
+    def positions() -> torch.Tensor:
+        return torch.randint(0, seq, (b,), device=device)
+
+    def batch() -> dict[str, torch.Tensor]:
+        if task == "token-classification":
+            labels = torch.randint(0, labels_count, (b, seq), device=device)
+            return {"input_ids": ids(b, seq), "labels": labels}
+        if task == "question-answering":
+            return {
+                "input_ids": ids(b, seq),
+                "start_positions": positions(),
+                "end_positions": positions(),
+            }
+        labels = torch.randint(0, CHOICES, (b,), device=device)
+        return {"input_ids": ids(b, CHOICES, seq), "labels": labels}
+
+    def loss(model: torch.nn.Module, input_ids: torch.Tensor, **targets: torch.Tensor) -> Any:
+        if mode == "infer":
+            out = model(input_ids=input_ids)
+            return out.start_logits if task == "question-answering" else out.logits
+        return model(input_ids=input_ids, **targets).loss
 
     return batch, loss
 

@@ -22,6 +22,8 @@ _PEFT_TASKS = {
     "causal-lm": "CAUSAL_LM",
     "seq2seq-lm": "SEQ_2_SEQ_LM",
     "sequence-classification": "SEQ_CLS",
+    "token-classification": "TOKEN_CLS",
+    "question-answering": "QUESTION_ANS",
 }
 
 
