@@ -171,6 +171,48 @@ def test_an_encoder_decoder_classifier_gets_one_end_token_a_sequence(tmp_path):
     assert report.workload["training"]
 
 
+@pytest.mark.parametrize(
+    "arch, task, head, shapes",
+    [
+        ("BertForTokenClassification", "token-classification", "classifier",
+         {"input_ids": (4, 16), "labels": (4, 16)}),
+        ("BertForQuestionAnswering", "question-answering", "qa_outputs",
+         {"input_ids": (4, 16), "start_positions": (4,), "end_positions": (4,)}),
+        ("BertForMultipleChoice", "multiple-choice", "classifier",
+         {"input_ids": (4, 4, 16), "labels": (4,)}),
+    ],
+)  # fmt: skip
+def test_text_heads_are_built_as_their_architecture_names(tmp_path, arch, task, head, shapes):
+    """A config naming a token classifier, a question-answering or a multiple-choice head
+    is that model (not its type's masked LM): its head, its parameters, a batch of its
+    shape (four choices a question), a real step, and an estimate of the same model."""
+    import transformers
+
+    folder = tiny_config("bert-base-uncased", tmp_path / task, architectures=[arch])
+    spec = resolve(f"hf:{folder}/seq=16")
+    from vramscope.workload import build_workload
+
+    workload = build_workload(spec.builder, 4, torch.device("cpu"), spec.spec)
+    model = workload.model
+    assert type(model).__name__ == arch and hasattr(model, head)
+    assert workload.meta["hf"]["task"] == task
+    batch = workload.batch()
+    assert {k: tuple(v.shape) for k, v in batch.items()} == shapes
+    workload.loss(model, **batch).backward()  # the real step runs
+    report = estimate(f"hf:{folder}/seq=16", 4)
+    config = getattr(transformers, arch).config_class.from_pretrained(folder)
+    real = getattr(transformers, arch)(config)
+    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+
+
+def test_a_head_of_no_supported_task_is_refused_not_estimated_as_another(tmp_path):
+    folder = tiny_config(
+        "bert-base-uncased", tmp_path / "nsp", architectures=["BertForNextSentencePrediction"]
+    )
+    with pytest.raises(WorkloadError, match="BertForNextSentencePrediction is none of these"):
+        resolve(f"hf:{folder}/seq=16").builder(2, torch.device("cpu"))
+
+
 # ---- reading the spec -------------------------------------------------------------------------
 
 
