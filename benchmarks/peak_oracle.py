@@ -84,6 +84,7 @@ SCRIPTS: dict[str, tuple[str, list[str]]] = {
     "nanogpt-like": ("nanogpt_like.py", []),
     "dcgan-like": ("dcgan_like.py", []),
     "hf-trainer": ("hf_trainer.py", []),
+    "accelerate-loop": ("accelerate_loop.py", []),
     "accumulation": ("accumulation.py", []),
     "zero-grad-keep": ("zero_grad_keep.py", []),
     "frozen": ("frozen.py", []),

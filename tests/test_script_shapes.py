@@ -4,7 +4,7 @@ identity at the highest point, sharing no code with vramscope).
 
 The scripts (benchmarks/scripts/, small sizes): the model at the top level of the script (the
 PyTorch tutorials' way), in a function, in a class; a LightningModule with Trainer.fit; an HF
-Trainer; a nanoGPT-style loop; a GAN with two optimizers; gradient accumulation; gradients
+Trainer; an Accelerate loop with accumulation; a nanoGPT-style loop; a GAN with two optimizers; gradient accumulation; gradients
 kept between steps; frozen weights; torch.compile; DataParallel; DDP; FSDP2; a leak that ends
 the run. With ``--detail modules`` the peak is the oracle's, and parameters, buffers,
 gradients and optimizer state at it are the oracle's within 0.1 %, the rest within 2 %, and
