@@ -577,27 +577,49 @@ def pad_with_end_token(config: Any) -> int | None:
 
 def _end_token(config: Any) -> int | None:
     """The config's end-of-sequence token id, when it is one of its vocabulary's."""
-    end = getattr(config, "eos_token_id", None)
-    if isinstance(end, (list, tuple)):
-        end = end[0] if end else None
+    return _token(config, "eos_token_id")
+
+
+def _token(config: Any, name: str) -> int | None:
+    """The special token id ``name`` of the config, when it is one of its vocabulary's."""
+    token = getattr(config, name, None)
+    if isinstance(token, (list, tuple)):
+        token = token[0] if token else None
     vocab = getattr(config, "vocab_size", None)
-    if not isinstance(end, int) or (isinstance(vocab, int) and not 0 <= end < vocab):
+    if not isinstance(token, int) or (isinstance(vocab, int) and not 0 <= token < vocab):
         return None
-    return end
+    return token
 
 
-def _text_ids(config: Any, vocab: int, device: torch.device) -> Callable[..., torch.Tensor]:
+def _text_ids(
+    config: Any, vocab: int, device: torch.device, pair: bool = False
+) -> Callable[..., torch.Tensor]:
     """Random token ids of a shape, each sequence ending with the end token and having none
     before, as a tokenizer makes them: an encoder-decoder's classifier (BART's) reads the
     decoder's state there and refuses sequences without one (or with different counts); a
-    decoder padded with it ignores it."""
+    decoder padded with it ignores it. ``pair``: a question and its context (or a question
+    and an answer), ``q </s></s> context </s>`` as RoBERTa's tokenizer joins them, with the
+    separator token where the config names one: Longformer finds the question by its three
+    separators and refuses a sample without them; other models read none of it."""
     end = _end_token(config)
+    separator = _token(config, "sep_token_id") if pair else None
+    mark = separator if separator is not None else end
+    avoid = {t for t in (end, mark) if t is not None}
+    filler = next((t for t in range(vocab) if t not in avoid), None)
 
     def ids(*shape: int) -> torch.Tensor:
         drawn = torch.randint(0, vocab, shape, device=device)
-        if end is not None and vocab > 1:
-            drawn = torch.where(drawn == end, (end + 1) % vocab, drawn)
-            drawn[..., -1] = end
+        if not avoid or filler is None:
+            return drawn
+        for token in avoid:
+            drawn = torch.where(drawn == token, filler, drawn)
+        if pair and mark is not None and shape[-1] >= 4:
+            question = max(1, shape[-1] // 8)
+            drawn[..., question] = mark
+            drawn[..., question + 1] = mark
+        last = mark if pair else end
+        if last is not None:
+            drawn[..., -1] = last
         return drawn
 
     return ids
@@ -631,7 +653,7 @@ def _text_heads(
     sequences of ``seq`` tokens per question, one label)."""
     b, seq = shapes.batch_size, shapes.seq
     labels_count = int(getattr(config, "num_labels", 2) or 2)
-    ids = _text_ids(config, vocab, device)
+    ids = _text_ids(config, vocab, device, pair=task != "token-classification")
 
     def positions() -> torch.Tensor:
         return torch.randint(0, seq, (b,), device=device)
