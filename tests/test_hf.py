@@ -213,6 +213,53 @@ def test_a_head_of_no_supported_task_is_refused_not_estimated_as_another(tmp_pat
         resolve(f"hf:{folder}/seq=16").builder(2, torch.device("cpu"))
 
 
+def test_whisper_is_trained_on_log_mel_frames_and_a_transcript(tmp_path):
+    """Whisper (speech-to-text) gets its fixed 3,000 log-mel frames and a transcript of 128
+    tokens as labels; its real step runs, and the estimate is of the same model."""
+    import transformers
+
+    config = transformers.WhisperConfig(
+        d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
+        max_source_positions=64, max_target_positions=96,
+    )  # fmt: skip
+    config.architectures = ["WhisperForConditionalGeneration"]
+    config.save_pretrained(tmp_path / "whisper")
+    spec = resolve(f"hf:{tmp_path / 'whisper'}")
+    from vramscope.workload import build_workload
+
+    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
+    assert workload.meta["hf"]["task"] == "speech-seq2seq"
+    batch = workload.batch()
+    # 2 frames an encoder position; the transcript at most the decoder's positions
+    assert {k: tuple(v.shape) for k, v in batch.items()} == {
+        "input_features": (2, 16, 128),
+        "labels": (2, 96),
+    }
+    workload.loss(workload.model, **batch).backward()  # the real step runs
+    report = estimate(f"hf:{tmp_path / 'whisper'}", 2)
+    real = transformers.WhisperForConditionalGeneration(config)
+    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+
+
+def test_a_vision_language_model_is_one_line_saying_how_to_estimate_it(tmp_path):
+    import transformers
+
+    text = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=128,
+    )  # fmt: skip
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        image_size=32, patch_size=16,
+    )  # fmt: skip
+    config = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_index=127)
+    config.architectures = ["LlavaForConditionalGeneration"]
+    config.save_pretrained(tmp_path / "llava")
+    with pytest.raises(WorkloadError, match="a vision-language model takes images"):
+        resolve(f"hf:{tmp_path / 'llava'}").builder(2, torch.device("cpu"))
+
+
 # ---- reading the spec -------------------------------------------------------------------------
 
 

@@ -52,6 +52,7 @@ _TASKS = (
         "AutoModelForAudioClassification",
     ),
     ("ctc", "MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
+    ("speech-seq2seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq"),
     (
         "token-classification",
         "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
@@ -87,7 +88,8 @@ _SUFFIXES = (
 TEXT_HEAD_TASKS = ("token-classification", "question-answering", "multiple-choice")
 CHOICES = 4  # multiple choice: answers a question, as SWAG and RACE have
 TEXT_GENERATION_TASKS = ("causal-lm", "seq2seq-lm")
-AUDIO_TASKS = ("audio-classification", "ctc")
+AUDIO_TASKS = ("audio-classification", "ctc", "speech-seq2seq")
+TRANSCRIPT_TOKENS = 128  # speech-to-text: the tokens of a clip's transcript (labels)
 SAMPLE_RATE = 16_000  # raw audio: one second by default
 FRAMES_PER_SECOND = 100  # log-mel features: 10 ms frames
 
@@ -329,11 +331,11 @@ def task_of(config: Any) -> tuple[str, str]:
         for task, mapping, auto in _TASKS:
             if arch in _class_names(getattr(modeling_auto, mapping, {})):
                 return task, auto
-        for suffix, task in _SUFFIXES:
+        if _is_head(arch):  # a class transformers has, for a task not built here
+            raise WorkloadError(_unsupported(arch))
+        for suffix, task in _SUFFIXES:  # a class of the model's own code (remote code)
             if arch.endswith(suffix):
                 return task, next(a for t, _, a in _TASKS if t == task)
-        if _is_head(arch):
-            raise WorkloadError(_unsupported(arch))
     model_type = getattr(config, "model_type", None)
     for task, mapping, auto in _TASKS:
         if model_type in getattr(modeling_auto, mapping, {}):
@@ -352,10 +354,26 @@ def _is_head(arch: str) -> bool:
 
 
 def _unsupported(arch: str) -> str:
+    from transformers.models.auto import modeling_auto
+
+    vision_language = any(
+        arch in _class_names(getattr(modeling_auto, name, {}))
+        for name in (
+            "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+            "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES",
+        )
+    )
+    hint = (
+        ": a vision-language model takes images and as many image tokens in its text as its "
+        "processor makes, which a config alone does not say; write a build function that "
+        "makes its batch with the processor (docs/workloads.md), or measure a run"
+        if vision_language
+        else ""
+    )
     return (
         "hf: builds causal and sequence-to-sequence LMs, masked LMs, text (sequence, token), "
-        "image and audio classifiers, question answering, multiple choice, CTC speech "
-        f"models, CLIP-style and base models; {arch} is none of these"
+        "image and audio classifiers, question answering, multiple choice, CTC and "
+        f"speech-to-text models, CLIP-style and base models; {arch} is none of these{hint}"
     )
 
 
@@ -781,8 +799,9 @@ def _conv_frames(samples: int, config: Any) -> int:
 def _audio(
     config: Any, task: str, mode: str, shapes: Shapes, device: torch.device
 ) -> tuple[Callable[[], Any], Callable[..., Any]]:
-    """Audio classification (a label per clip) and CTC (label sequences shorter than the
-    model's output frames, the last one padded)."""
+    """Audio classification (a label per clip), CTC (label sequences shorter than the
+    model's output frames, the last one padded) and speech-to-text (Whisper: a transcript
+    of ``TRANSCRIPT_TOKENS`` tokens, at most the decoder's positions, as labels)."""
     layout = audio_layout(config, task)
     b = shapes.batch_size
     length = layout.fixed_length or shapes.seq
@@ -796,8 +815,11 @@ def _audio(
         shape = (b, length, layout.dim)
         frames_out = length // 8  # the most subsampling of these encoders
     keyword = layout.keyword
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if task == "speech-seq2seq":
+        longest = getattr(config, "max_target_positions", None)
+        tokens = min(TRANSCRIPT_TOKENS, int(longest)) if longest else TRANSCRIPT_TOKENS
     if task == "ctc":
-        vocab = int(getattr(config, "vocab_size", 0) or 0)
         if vocab < 2:
             raise WorkloadError("a CTC model needs a vocabulary of 2 or more tokens")
         padding = _ctc_padding(model_class(config, task), config)
@@ -815,6 +837,8 @@ def _audio(
         inputs = {keyword: torch.randn(*shape, device=device)}
         if masked:
             inputs["attention_mask"] = torch.ones(b, length, dtype=torch.long, device=device)
+        if task == "speech-seq2seq":  # a transcript of TRANSCRIPT_TOKENS a clip
+            return {**inputs, "labels": torch.randint(0, vocab, (b, tokens), device=device)}
         if task != "ctc":
             return {**inputs, "labels": torch.randint(0, classes, (b,), device=device)}
         labels = torch.randint(low, vocab, (b, label_length), device=device)
@@ -824,6 +848,8 @@ def _audio(
 
     def loss(model: torch.nn.Module, labels: torch.Tensor, **inputs: torch.Tensor) -> Any:
         if mode == "infer":
+            if task == "speech-seq2seq":  # one forward over the transcript (teacher forcing)
+                return model(**inputs, decoder_input_ids=labels).logits
             return model(**inputs).logits
         return model(**inputs, labels=labels).loss
 
