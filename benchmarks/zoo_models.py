@@ -285,14 +285,17 @@ def hf_head_rows(tasks: tuple[str, ...], library: str) -> list[dict[str, Any]]:
         "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
         "question-answering": "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
         "multiple-choice": "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES",
+        "speech-seq2seq": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
     }
+    task_sources = {"speech-seq2seq": ("audio-classification", "ctc", "seq2seq-lm")}
     rows = []
     for task in tasks:
         heads = getattr(modeling_auto, mappings[task])
+        sources = task_sources.get(task, ("causal-lm", "masked-lm"))
         seen = set()
         for entry in zoo_hf.load_entries().values():
             cls = heads.get(entry["type"])
-            if "config" not in entry or entry["task"] not in ("causal-lm", "masked-lm"):
+            if "config" not in entry or entry["task"] not in sources:
                 continue
             if not cls or entry["type"] in seen:
                 continue
@@ -300,7 +303,8 @@ def hf_head_rows(tasks: tuple[str, ...], library: str) -> list[dict[str, Any]]:
             key = zoo_hf.entry_key(entry["type"], task)
             config = {**entry["config"], "architectures": [cls]}
             zoo_hf.write_config(config, key, ROOT / zoo_hf.CONFIG_DIR)
-            spec = f"hf:{zoo_hf.CONFIG_DIR / key}.json/seq={HF_SEQ}"
+            options = "" if task == "speech-seq2seq" else f"/seq={HF_SEQ}"
+            spec = f"hf:{zoo_hf.CONFIG_DIR / key}.json{options}"
             row = _row(spec, library, entry["type"], task, HF_BATCH)
             row["level"] = entry["level"]
             rows.append(row)
@@ -314,8 +318,10 @@ def hf_sequence_classification_rows() -> list[dict[str, Any]]:
 
 
 def hf_text_head_rows() -> list[dict[str, Any]]:
-    """Token classification, extractive question answering and multiple choice."""
-    tasks = ("token-classification", "question-answering", "multiple-choice")
+    """Token classification, extractive question answering, multiple choice, and
+    speech-to-text for the types whose shrunk audio or sequence-to-sequence config has a
+    class for it (Whisper)."""
+    tasks = ("token-classification", "question-answering", "multiple-choice", "speech-seq2seq")
     return hf_head_rows(tasks, "hf-heads")
 
 
