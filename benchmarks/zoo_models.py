@@ -286,8 +286,12 @@ def hf_head_rows(tasks: tuple[str, ...], library: str) -> list[dict[str, Any]]:
         "question-answering": "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
         "multiple-choice": "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES",
         "speech-seq2seq": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+        "semantic-segmentation": "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
     }
-    task_sources = {"speech-seq2seq": ("audio-classification", "ctc", "seq2seq-lm")}
+    task_sources = {
+        "speech-seq2seq": ("audio-classification", "ctc", "seq2seq-lm"),
+        "semantic-segmentation": ("image-classification",),
+    }
     rows = []
     for task in tasks:
         heads = getattr(modeling_auto, mappings[task])
@@ -303,7 +307,7 @@ def hf_head_rows(tasks: tuple[str, ...], library: str) -> list[dict[str, Any]]:
             key = zoo_hf.entry_key(entry["type"], task)
             config = {**entry["config"], "architectures": [cls]}
             zoo_hf.write_config(config, key, ROOT / zoo_hf.CONFIG_DIR)
-            options = "" if task == "speech-seq2seq" else f"/seq={HF_SEQ}"
+            options = "" if task in task_sources else f"/seq={HF_SEQ}"
             spec = f"hf:{zoo_hf.CONFIG_DIR / key}.json{options}"
             row = _row(spec, library, entry["type"], task, HF_BATCH)
             row["level"] = entry["level"]
@@ -318,10 +322,16 @@ def hf_sequence_classification_rows() -> list[dict[str, Any]]:
 
 
 def hf_text_head_rows() -> list[dict[str, Any]]:
-    """Token classification, extractive question answering, multiple choice, and
-    speech-to-text for the types whose shrunk audio or sequence-to-sequence config has a
-    class for it (Whisper)."""
-    tasks = ("token-classification", "question-answering", "multiple-choice", "speech-seq2seq")
+    """Token classification, extractive question answering, multiple choice; speech-to-text
+    for the types whose shrunk audio or sequence-to-sequence config has a class for it
+    (Whisper); semantic segmentation for the image classifiers' types (Segformer)."""
+    tasks = (
+        "token-classification",
+        "question-answering",
+        "multiple-choice",
+        "speech-seq2seq",
+        "semantic-segmentation",
+    )
     return hf_head_rows(tasks, "hf-heads")
 
 

@@ -242,6 +242,30 @@ def test_whisper_is_trained_on_log_mel_frames_and_a_transcript(tmp_path):
     assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
 
 
+def test_semantic_segmentation_gets_a_class_per_pixel(tmp_path):
+    """Segformer for semantic segmentation (not its type's image classifier): a label per
+    pixel, a real step, the same model estimated."""
+    import transformers
+
+    config = transformers.SegformerConfig(
+        hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_attention_heads=[1, 1, 2, 2],
+        decoder_hidden_size=32, image_size=64, num_labels=5,
+    )  # fmt: skip
+    config.architectures = ["SegformerForSemanticSegmentation"]
+    config.save_pretrained(tmp_path / "segformer")
+    spec = resolve(f"hf:{tmp_path / 'segformer'}")
+    from vramscope.workload import build_workload
+
+    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
+    assert workload.meta["hf"]["task"] == "semantic-segmentation"
+    batch = workload.batch()
+    assert tuple(batch["labels"].shape) == (2, 64, 64) and int(batch["labels"].max()) < 5
+    workload.loss(workload.model, **batch).backward()  # the real step runs
+    report = estimate(f"hf:{tmp_path / 'segformer'}", 2)
+    real = transformers.SegformerForSemanticSegmentation(config)
+    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+
+
 def test_a_vision_language_model_is_one_line_saying_how_to_estimate_it(tmp_path):
     import transformers
 

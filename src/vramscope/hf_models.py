@@ -65,6 +65,11 @@ _TASKS = (
     ),
     ("multiple-choice", "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES", "AutoModelForMultipleChoice"),
     (
+        "semantic-segmentation",
+        "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+        "AutoModelForSemanticSegmentation",
+    ),
+    (
         "contrastive",
         "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
         "AutoModelForZeroShotImageClassification",
@@ -82,6 +87,7 @@ _SUFFIXES = (
     ("ForTokenClassification", "token-classification"),
     ("ForQuestionAnswering", "question-answering"),
     ("ForMultipleChoice", "multiple-choice"),
+    ("ForSemanticSegmentation", "semantic-segmentation"),
     ("ForConditionalGeneration", "seq2seq-lm"),
 )
 # the text tasks whose heads read a label per token, two positions, or several choices
@@ -372,8 +378,9 @@ def _unsupported(arch: str) -> str:
     )
     return (
         "hf: builds causal and sequence-to-sequence LMs, masked LMs, text (sequence, token), "
-        "image and audio classifiers, question answering, multiple choice, CTC and "
-        f"speech-to-text models, CLIP-style and base models; {arch} is none of these{hint}"
+        "image and audio classifiers, semantic segmentation, question answering, multiple "
+        "choice, CTC and speech-to-text models, CLIP-style and base models; "
+        f"{arch} is none of these{hint}"
     )
 
 
@@ -523,14 +530,16 @@ def batch_and_loss(
     if task == "image-classification" and _main_input(config, task) == "input_ids":
         # ImageGPT: an image as a sequence of colour-cluster ids
         return _token_classification(config, mode, shapes, vocab, device)
-    if task == "image-classification":
+    if task in ("image-classification", "semantic-segmentation"):
         labels_count = int(getattr(config, "num_labels", 2) or 2)
+        # semantic segmentation: a class per pixel (Segformer, UperNet, DPT)
+        label_shape = (b,) if task == "image-classification" else (b, size, size)
 
         def batch_img() -> dict[str, torch.Tensor]:
             pixels = torch.randn(b, channels, size, size, device=device)
             return {
                 "pixel_values": pixels,
-                "labels": torch.randint(0, labels_count, (b,), device=device),
+                "labels": torch.randint(0, labels_count, label_shape, device=device),
             }
 
         def loss_img(
