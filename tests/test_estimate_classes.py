@@ -66,6 +66,17 @@ def bn_net_with_ema(batch_size, device):
     workload.meta["ema"] = ema
     return workload
 
+def orthogonal_linear(batch_size, device):
+    lin = nn.Linear(64, 64)
+    nn.utils.parametrizations.orthogonal(lin)  # checks its weight with torch.allclose
+    model = nn.Sequential(lin, nn.ReLU(), nn.Linear(64, 10)).to(device)
+    return _train(model, _mlp_batch_64(batch_size, device),
+                  lambda m, x, y: F.cross_entropy(m(x), y))
+
+def _mlp_batch_64(batch_size, device):
+    return lambda: (torch.randn(batch_size, 64, device=device),
+                    torch.randint(0, 10, (batch_size,), device=device))
+
 def _mlp(device):
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 10)).to(device)
@@ -263,6 +274,22 @@ def test_a_deep_copy_of_a_model_with_batchnorm_is_estimated(workloads):
     held = [*ema.parameters(), *ema.buffers()]
     copied = sum(-(-t.numel() * t.element_size() // 512) * 512 for t in held)
     assert with_ema.peak.allocated_bytes - plain.peak.allocated_bytes == copied
+
+
+def test_a_whole_tensor_comparison_in_build_reads_the_values_the_trace_has(workloads):
+    """``nn.utils.parametrizations.orthogonal`` checks its initial weight with
+    ``torch.allclose``: the weight's values are the real initializer's (a small tensor), so
+    the comparison is computed, not assumed; the parametrized weight is a parameter."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("class_workloads", workloads)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    real = module.orthogonal_linear(2, torch.device("cpu")).model
+    weights = sum(-(-p.numel() * 4 // 512) * 512 for p in real.parameters())
+    report = estimate(f"{workloads}:orthogonal_linear", 8)
+    assert report.categories_at_peak.parameters == weights
+    assert not any("allclose" in f.message for f in report.findings)
 
 
 def test_a_model_compiled_in_build_is_estimated_as_its_eager_original(workloads):

@@ -98,7 +98,10 @@ _FAST_KEY_CHECKS = 2  # calls of each op whose fast key is compared with torch's
 _KEY_CHECKED: dict[Any, int] = {}  # op -> calls compared so far
 _LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
 _FUSED_SDP_CHOICE = aten._fused_sdp_choice.default
-_EQUAL = aten.equal.default
+# comparisons that answer one Python bool from the values of whole tensors: computed from
+# the values where the trace has them, else assumed true (validation code passes; an
+# orthogonal parametrization's check of its initial weight)
+_WHOLE_COMPARISONS = {aten.equal.default: "aten.equal", aten.allclose.default: "aten.allclose"}
 _COMPOSITE: dict[Any, bool] = {}  # op -> has a CompositeImplicitAutograd kernel
 _MISS = object()  # not a plain cache hit (TracingMode._cache_hit)
 # ops that read a sparse tensor's parts or metadata (their meta kernels are right: views)
@@ -344,12 +347,12 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
                     out = func.decompose(*args, **kwargs)
                 if out is not NotImplemented:
                     return out
-        if func is _EQUAL:
+        if func in _WHOLE_COMPARISONS:
             shadow = self._shadow_args(args)
             if shadow is not None:
                 with no_dispatch():
-                    return bool(func(*shadow))
-            self._note_data_dependent("aten.equal", None)
+                    return bool(func(*shadow, **kwargs))
+            self._note_data_dependent(_WHOLE_COMPARISONS[func], None)
             return True
         own = _OWN_KERNELS.get(func)
         # sparse kernels' output sizes depend on their indices (coalescing merges duplicates),
