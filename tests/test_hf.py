@@ -266,6 +266,39 @@ def test_semantic_segmentation_gets_a_class_per_pixel(tmp_path):
     assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
 
 
+def test_object_detection_matches_queries_to_boxes_with_assumed_costs(tmp_path):
+    """DETR for object detection: eight boxes an image as labels; its loss matches queries
+    to boxes with scipy on the costs' numpy array, which the trace gives as zeros of their
+    shape (the assignment's size does not depend on them) and names in a finding."""
+    import transformers
+
+    config = transformers.DetrConfig(
+        use_timm_backbone=False, use_pretrained_backbone=False,
+        backbone_config=transformers.ResNetConfig(
+            embedding_size=8, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+            out_features=["stage4"],
+        ),
+        d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=12,
+        num_labels=5, image_size=64,
+    )  # fmt: skip
+    config.architectures = ["DetrForObjectDetection"]
+    config.save_pretrained(tmp_path / "detr")
+    spec = resolve(f"hf:{tmp_path / 'detr'}")
+    from vramscope.workload import build_workload
+
+    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
+    assert workload.meta["hf"]["task"] == "object-detection"
+    batch = workload.batch()
+    assert tuple(batch["pixel_values"].shape) == (2, 3, 64, 64)
+    assert [tuple(t["boxes"].shape) for t in batch["labels"]] == [(8, 4), (8, 4)]
+    workload.loss(workload.model, **batch).backward()  # the real step runs
+    report = estimate(f"hf:{tmp_path / 'detr'}", 2)
+    real = transformers.DetrForObjectDetection(config)
+    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+    assert any("Tensor.numpy()" in f.message for f in report.findings)
+
+
 def test_a_vision_language_model_is_one_line_saying_how_to_estimate_it(tmp_path):
     import transformers
 

@@ -69,6 +69,7 @@ _TASKS = (
         "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
         "AutoModelForSemanticSegmentation",
     ),
+    ("object-detection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES", "AutoModelForObjectDetection"),
     (
         "contrastive",
         "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
@@ -88,6 +89,7 @@ _SUFFIXES = (
     ("ForQuestionAnswering", "question-answering"),
     ("ForMultipleChoice", "multiple-choice"),
     ("ForSemanticSegmentation", "semantic-segmentation"),
+    ("ForObjectDetection", "object-detection"),
     ("ForConditionalGeneration", "seq2seq-lm"),
 )
 # the text tasks whose heads read a label per token, two positions, or several choices
@@ -96,6 +98,8 @@ CHOICES = 4  # multiple choice: answers a question, as SWAG and RACE have
 TEXT_GENERATION_TASKS = ("causal-lm", "seq2seq-lm")
 AUDIO_TASKS = ("audio-classification", "ctc", "speech-seq2seq")
 TRANSCRIPT_TOKENS = 128  # speech-to-text: the tokens of a clip's transcript (labels)
+OBJECTS = 8  # object detection: boxes an image (COCO has about 7)
+DETECTION_SIZE = 640  # object detection: the image side when the config names none
 SAMPLE_RATE = 16_000  # raw audio: one second by default
 FRAMES_PER_SECOND = 100  # log-mel features: 10 ms frames
 
@@ -378,7 +382,8 @@ def _unsupported(arch: str) -> str:
     )
     return (
         "hf: builds causal and sequence-to-sequence LMs, masked LMs, text (sequence, token), "
-        "image and audio classifiers, semantic segmentation, question answering, multiple "
+        "image and audio classifiers, semantic segmentation, object detection, question "
+        "answering, multiple "
         "choice, CTC and speech-to-text models, CLIP-style and base models; "
         f"{arch} is none of these{hint}"
     )
@@ -530,6 +535,8 @@ def batch_and_loss(
     if task == "image-classification" and _main_input(config, task) == "input_ids":
         # ImageGPT: an image as a sequence of colour-cluster ids
         return _token_classification(config, mode, shapes, vocab, device)
+    if task == "object-detection":
+        return _detection(config, mode, b, channels, device)
     if task in ("image-classification", "semantic-segmentation"):
         labels_count = int(getattr(config, "num_labels", 2) or 2)
         # semantic segmentation: a class per pixel (Segformer, UperNet, DPT)
@@ -861,6 +868,35 @@ def _audio(
                 return model(**inputs, decoder_input_ids=labels).logits
             return model(**inputs).logits
         return model(**inputs, labels=labels).loss
+
+    return batch, loss
+
+
+def _detection(
+    config: Any, mode: str, b: int, channels: int, device: torch.device
+) -> tuple[Callable[[], Any], Callable[..., Any]]:
+    """Object detection (DETR, RT-DETR, YOLOS...): images of the config's size (else
+    ``DETECTION_SIZE``) and ``OBJECTS`` boxes an image, each a class and a box (centre,
+    width, height, in [0, 1]), as transformers' image processors make the labels. The loss
+    matches queries to boxes (scipy's assignment: sizes whatever the values)."""
+    size = _image_size(config) if getattr(config, "image_size", None) else DETECTION_SIZE
+    classes = int(getattr(config, "num_labels", 2) or 2)
+
+    def batch() -> dict[str, Any]:
+        labels = [
+            {
+                "class_labels": torch.randint(0, classes, (OBJECTS,), device=device),
+                "boxes": torch.rand(OBJECTS, 4, device=device) * 0.5 + 0.25,
+            }
+            for _ in range(b)
+        ]
+        pixels = torch.randn(b, channels, size, size, device=device)
+        return {"pixel_values": pixels, "labels": labels}
+
+    def loss(model: torch.nn.Module, pixel_values: torch.Tensor, labels: Any) -> Any:
+        if mode == "infer":
+            return model(pixel_values=pixel_values).logits
+        return model(pixel_values=pixel_values, labels=labels).loss
 
     return batch, loss
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -742,23 +743,46 @@ def _named_arg(func: Any, args: Any, kwargs: Any, name: str) -> Any:
 
 
 @contextlib.contextmanager
-def formatted_scalars() -> Any:
+def fake_tensor_method(name: str, method: Callable[..., Any]) -> Iterator[None]:
+    """``FakeTensor.<name>`` is ``method`` while the trace runs; put back after."""
+    had = name in FakeTensor.__dict__
+    original = FakeTensor.__dict__.get(name)
+    setattr(FakeTensor, name, method)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(FakeTensor, name, original)
+        else:
+            delattr(FakeTensor, name)
+
+
+def formatted_scalars() -> contextlib.AbstractContextManager[None]:
     """A 0-dim fake tensor formats as its value, as a real one does (``Tensor.__format__``
     calls ``.item()`` only for the plain ``Tensor`` type): ``f"expert_{idx}"`` names the
     expert the trace's values say (Switch Transformers picks its expert module so)."""
-    had = "__format__" in FakeTensor.__dict__
-    original = FakeTensor.__dict__.get("__format__")
 
     def format_(self: FakeTensor, spec: str) -> str:
         if self.dim() == 0:
             return format(self.item(), spec)
         return torch.Tensor.__format__(self, spec)
 
-    FakeTensor.__format__ = format_  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        if had:
-            FakeTensor.__format__ = original  # type: ignore[method-assign]
-        else:
-            del FakeTensor.__format__
+    return fake_tensor_method("__format__", format_)
+
+
+def host_arrays(mode: Any) -> contextlib.AbstractContextManager[None]:
+    """``Tensor.numpy()`` of a fake tensor (``np.asarray`` of one; scipy's
+    ``linear_sum_assignment`` on DETR's matching costs, a metric computed in numpy): its
+    values where the trace has them, else zeros of its shape and dtype, and a finding names
+    it. Code that hands numpy's results back as indices gets sizes right whatever the values
+    (an assignment of rows to columns has min(rows, columns) pairs)."""
+
+    def numpy_(self: FakeTensor, *, force: bool = False) -> Any:
+        shadow = mode.shadows.get(self)
+        with no_dispatch():
+            if shadow is not None:
+                return shadow.detach().cpu().numpy(force=force)
+            mode._note_data_dependent("Tensor.numpy()", None)
+            return torch.zeros(tuple(self.shape), dtype=self.dtype).numpy()
+
+    return fake_tensor_method("numpy", numpy_)

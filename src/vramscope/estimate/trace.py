@@ -649,7 +649,18 @@ def _flex_attention_uncompiled() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _fake_constants_deep_copy() -> Iterator[None]:
+def _fake_tensor_methods(mode: TracingMode) -> Iterator[None]:
+    """Methods of a fake tensor that behave as a real tensor's while tracing: its deep copy,
+    its format, its numpy array."""
+    with (
+        _fake_constants_deep_copy(),
+        scalars.formatted_scalars(),
+        scalars.host_arrays(mode),
+    ):
+        yield
+
+
+def _fake_constants_deep_copy() -> contextlib.AbstractContextManager[None]:
     """``copy.deepcopy`` of a module holding a fake tensor made from a Python number
     (BatchNorm's ``num_batches_tracked``, ``torch.tensor(0)``): the fake tensor keeps that
     real value in its ``constant``, and copying it under the fake mode would give a fake
@@ -664,16 +675,7 @@ def _fake_constants_deep_copy() -> Iterator[None]:
                 memo[id(constant)] = constant.clone()
         return torch.Tensor.__deepcopy__(self, memo)
 
-    had = "__deepcopy__" in FakeTensor.__dict__
-    previous = FakeTensor.__dict__.get("__deepcopy__")
-    FakeTensor.__deepcopy__ = deep_copy  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        if had:
-            FakeTensor.__deepcopy__ = previous  # type: ignore[method-assign]
-        else:
-            del FakeTensor.__deepcopy__
+    return scalars.fake_tensor_method("__deepcopy__", deep_copy)
 
 
 @contextlib.contextmanager
@@ -812,8 +814,7 @@ def trace_workload(
         _flex_attention_uncompiled(),
         _compiled_code_runs_eagerly(),
         _quiet_fake_tensor_warnings(),
-        _fake_constants_deep_copy(),
-        scalars.formatted_scalars(),
+        _fake_tensor_methods(mode),
     ):
         from vramscope.workload import build_workload
 
