@@ -92,8 +92,14 @@ _SUFFIXES = (
     ("ForObjectDetection", "object-detection"),
     ("ForConditionalGeneration", "seq2seq-lm"),
 )
-# the text tasks whose heads read a label per token, two positions, or several choices
-TEXT_HEAD_TASKS = ("token-classification", "question-answering", "multiple-choice")
+# the text tasks whose heads read a label per sequence or per token, two positions, or
+# several choices
+TEXT_HEAD_TASKS = (
+    "sequence-classification",
+    "token-classification",
+    "question-answering",
+    "multiple-choice",
+)
 CHOICES = 4  # multiple choice: answers a question, as SWAG and RACE have
 TEXT_GENERATION_TASKS = ("causal-lm", "seq2seq-lm")
 AUDIO_TASKS = ("audio-classification", "ctc", "speech-seq2seq")
@@ -383,9 +389,8 @@ def _unsupported(arch: str) -> str:
     return (
         "hf: builds causal and sequence-to-sequence LMs, masked LMs, text (sequence, token), "
         "image and audio classifiers, semantic segmentation, object detection, question "
-        "answering, multiple "
-        "choice, CTC and speech-to-text models, CLIP-style and base models; "
-        f"{arch} is none of these{hint}"
+        "answering, multiple choice, CTC and speech-to-text models, CLIP-style and base "
+        f"models; {arch} is none of these{hint}"
     )
 
 
@@ -523,8 +528,6 @@ def batch_and_loss(
             return model(input_ids=input_ids, labels=labels).loss
 
         return batch, loss
-    if task == "sequence-classification":
-        return _token_classification(config, mode, shapes, vocab, device)
     if task in TEXT_HEAD_TASKS:
         return _text_heads(config, task, mode, shapes, vocab, device)
     if task in AUDIO_TASKS:
@@ -533,8 +536,8 @@ def batch_and_loss(
     size = _image_size(vision)
     channels = int(getattr(vision, "num_channels", 3) or 3)
     if task == "image-classification" and _main_input(config, task) == "input_ids":
-        # ImageGPT: an image as a sequence of colour-cluster ids
-        return _token_classification(config, mode, shapes, vocab, device)
+        # ImageGPT: an image as a sequence of colour-cluster ids, a label per image
+        return _text_heads(config, "sequence-classification", mode, shapes, vocab, device)
     if task == "object-detection":
         return _detection(config, mode, b, channels, device)
     if task in ("image-classification", "semantic-segmentation"):
@@ -659,40 +662,25 @@ def _text_ids(
     return ids
 
 
-def _token_classification(
-    config: Any, mode: str, shapes: Shapes, vocab: int, device: torch.device
-) -> tuple[Callable[[], Any], Callable[..., Any]]:
-    """A classifier of token sequences: ids of ``seq`` tokens and a label per sequence."""
-    b, seq = shapes.batch_size, shapes.seq
-    labels_count = int(getattr(config, "num_labels", 2) or 2)
-    ids = _text_ids(config, vocab, device)
-
-    def batch() -> dict[str, torch.Tensor]:
-        labels = torch.randint(0, labels_count, (b,), device=device)
-        return {"input_ids": ids(b, seq), "labels": labels}
-
-    def loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Any:
-        if mode == "infer":
-            return model(input_ids=input_ids).logits
-        return model(input_ids=input_ids, labels=labels).loss
-
-    return batch, loss
-
-
 def _text_heads(
     config: Any, task: str, mode: str, shapes: Shapes, vocab: int, device: torch.device
 ) -> tuple[Callable[[], Any], Callable[..., Any]]:
-    """Token classification (a label per token: named entities), extractive question
-    answering (a start and an end position per sequence) and multiple choice (``CHOICES``
-    sequences of ``seq`` tokens per question, one label)."""
+    """Sequence classification (a label per sequence), token classification (a label per
+    token: named entities), extractive question answering (a start and an end position per
+    sequence) and multiple choice (``CHOICES`` sequences of ``seq`` tokens per question, one
+    label)."""
     b, seq = shapes.batch_size, shapes.seq
     labels_count = int(getattr(config, "num_labels", 2) or 2)
-    ids = _text_ids(config, vocab, device, pair=task != "token-classification")
+    pair = task in ("question-answering", "multiple-choice")
+    ids = _text_ids(config, vocab, device, pair=pair)
 
     def positions() -> torch.Tensor:
         return torch.randint(0, seq, (b,), device=device)
 
     def batch() -> dict[str, torch.Tensor]:
+        if task == "sequence-classification":
+            labels = torch.randint(0, labels_count, (b,), device=device)
+            return {"input_ids": ids(b, seq), "labels": labels}
         if task == "token-classification":
             labels = torch.randint(0, labels_count, (b, seq), device=device)
             return {"input_ids": ids(b, seq), "labels": labels}
