@@ -205,12 +205,26 @@ def test_text_heads_are_built_as_their_architecture_names(tmp_path, arch, task, 
     assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
 
 
-def test_a_head_of_no_supported_task_is_refused_not_estimated_as_another(tmp_path):
+def test_a_head_of_another_task_is_estimated_as_its_type_and_says_so(tmp_path):
+    """A config naming a head hf: does not build (a pretraining checkpoint, BERT's next
+    sentence prediction) is estimated as its type's first task, and the report names both and
+    how to choose: ``/task=NAME`` builds the head asked for; an unknown task is one line."""
     folder = tiny_config(
         "bert-base-uncased", tmp_path / "nsp", architectures=["BertForNextSentencePrediction"]
     )
-    with pytest.raises(WorkloadError, match="BertForNextSentencePrediction is none of these"):
-        resolve(f"hf:{folder}/seq=16").builder(2, torch.device("cpu"))
+    report = estimate(f"hf:{folder}/seq=16", 2)
+    notes = report.extra["estimate"]["notes"]
+    assert any(
+        "names BertForNextSentencePrediction" in n and "estimated as BertForMaskedLM" in n
+        for n in notes
+    )
+    from vramscope.workload import build_workload
+
+    spec = resolve(f"hf:{folder}/seq=16/task=token-classification")
+    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
+    assert type(workload.model).__name__ == "BertForTokenClassification"
+    with pytest.raises(WorkloadError, match="unknown task 'tagging'"):
+        resolve(f"hf:{folder}/seq=16/task=tagging").builder(2, torch.device("cpu"))
 
 
 def test_whisper_is_trained_on_log_mel_frames_and_a_transcript(tmp_path):

@@ -337,21 +337,31 @@ def _class_names(mapping: dict[str, Any]) -> set[str]:
     return names
 
 
-def task_of(config: Any) -> tuple[str, str]:
-    """(task, auto class name) of the model ``config`` describes: its ``architectures`` first,
-    else its model type's place in transformers' auto mappings."""
+def task_of(config: Any, task: str | None = None) -> tuple[str, str]:
+    """(task, auto class name) of the model ``config`` describes: ``task`` when given (the
+    spec's ``/task=NAME``), else its ``architectures``, else its model type's place in
+    transformers' auto mappings (a head of another task, ``Wav2Vec2ForPreTraining`` in a
+    checkpoint fine-tuned for CTC, falls back so; the report says so)."""
     from transformers.models.auto import modeling_auto
 
+    if task is not None:
+        auto = next((a for t, _, a in _TASKS if t == task), None)
+        if auto is None:
+            raise WorkloadError(
+                f"unknown task {task!r}; hf builds {', '.join(t for t, _, _ in _TASKS)}"
+            )
+        return task, auto
     arch = (getattr(config, "architectures", None) or [None])[0]
     if arch:
         for task, mapping, auto in _TASKS:
             if arch in _class_names(getattr(modeling_auto, mapping, {})):
                 return task, auto
-        if _is_head(arch):  # a class transformers has, for a task not built here
+        if _vision_language(arch):
             raise WorkloadError(_unsupported(arch))
-        for suffix, task in _SUFFIXES:  # a class of the model's own code (remote code)
-            if arch.endswith(suffix):
-                return task, next(a for t, _, a in _TASKS if t == task)
+        if not _is_head(arch):  # a class of the model's own code (remote code): its name
+            for suffix, task in _SUFFIXES:
+                if arch.endswith(suffix):
+                    return task, next(a for t, _, a in _TASKS if t == task)
     model_type = getattr(config, "model_type", None)
     for task, mapping, auto in _TASKS:
         if model_type in getattr(modeling_auto, mapping, {}):
@@ -369,21 +379,37 @@ def _is_head(arch: str) -> bool:
     return "For" in arch and hasattr(transformers, arch)
 
 
-def _unsupported(arch: str) -> str:
+def _vision_language(arch: str) -> bool:
     from transformers.models.auto import modeling_auto
 
-    vision_language = any(
+    return any(
         arch in _class_names(getattr(modeling_auto, name, {}))
         for name in (
             "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
             "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES",
         )
     )
+
+
+def other_head_note(config: Any, model: torch.nn.Module) -> str | None:
+    """A note when the model built is not the class the config names (a head of a task hf:
+    does not build, or ``/task=`` chose another)."""
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    built = type(model).__name__
+    if not arch or arch == built or not _is_head(arch):
+        return None
+    return (
+        f"the config names {arch}, a head hf: does not build for it; estimated as {built}; "
+        f"choose the head with /task=NAME ({', '.join(t for t, _, _ in _TASKS)})"
+    )
+
+
+def _unsupported(arch: str) -> str:
     hint = (
         ": a vision-language model takes images and as many image tokens in its text as its "
         "processor makes, which a config alone does not say; write a build function that "
         "makes its batch with the processor (docs/workloads.md), or measure a run"
-        if vision_language
+        if _vision_language(arch)
         else ""
     )
     return (

@@ -234,7 +234,7 @@ def timm_builder(name: str) -> Builder:
 # ---- hf: -----------------------------------------------------------------------------------
 
 # the options of hf: specs; /NAME alone for flags, /NAME=VALUE otherwise
-HF_OPTIONS = ("seq", "ckpt", "attn", "lora", "targets", "prompt", "new", "cache")
+HF_OPTIONS = ("seq", "ckpt", "attn", "lora", "targets", "prompt", "new", "cache", "task")
 HF_MODES = (*OPTIMIZERS, "generate")
 _GENERATE_ONLY = ("prompt", "new", "cache")
 DEFAULT_NEW_TOKENS = 256
@@ -280,7 +280,7 @@ class HfSpec:
         builtin = HF_MODELS.get(self.model)
         if builtin is None:
             config = hf_models.load_config(hf_models.config_source(self.model, HF_MODELS))
-            return (config, *hf_models.task_of(config))
+            return (config, *hf_models.task_of(config, self.options.get("task")))
         class_name, config_kwargs, task = builtin
         config = getattr(_import("transformers", f"hf:{self.model}"), class_name)(**config_kwargs)
         auto = "AutoModelForCausalLM" if task == "causal-lm" else "AutoModelForMaskedLM"
@@ -335,8 +335,8 @@ def parse_hf(name: str) -> HfSpec:
         if key not in HF_OPTIONS:
             raise WorkloadError(
                 f"unknown option {('/' + option)!r} in {f'hf:{name}'!r}; hf takes /seq=N, "
-                "/ckpt, /attn=NAME, /lora[=R], /targets=NAMES and, with @generate, /prompt=N, "
-                "/new=N, /cache=dynamic|static"
+                "/ckpt, /attn=NAME, /lora[=R], /targets=NAMES, /task=NAME and, with "
+                "@generate, /prompt=N, /new=N, /cache=dynamic|static"
             )
         _check_option(option, ("seq", "prompt", "new"))
         if key == "lora":
@@ -417,6 +417,9 @@ def hf_builder(name: str) -> Builder:
             "config": source.describe(),
             **_shape_meta(shapes, parsed),
         }
+        other = hf_models.other_head_note(config, model)
+        if other is not None:
+            workload.meta.setdefault("notes", []).append(other)
         if padded is not None:
             workload.meta["hf"]["pad_token_id"] = padded
             workload.meta.setdefault("notes", []).append(
