@@ -889,11 +889,19 @@ def _audio(
 def _detection(
     config: Any, mode: str, b: int, channels: int, device: torch.device
 ) -> tuple[Callable[[], Any], Callable[..., Any]]:
-    """Object detection (DETR, RT-DETR, YOLOS...): images of the config's size (else
-    ``DETECTION_SIZE``) and ``OBJECTS`` boxes an image, each a class and a box (centre,
+    """Object detection (DETR, RT-DETR, YOLOS...): images of the config's size (else its
+    backbone's, else ``DETECTION_SIZE``) and ``OBJECTS`` boxes an image, each a class and a box (centre,
     width, height, in [0, 1]), as transformers' image processors make the labels. The loss
     matches queries to boxes (scipy's assignment: sizes whatever the values)."""
-    size = _image_size(config) if getattr(config, "image_size", None) else DETECTION_SIZE
+    sized = next(
+        (
+            part
+            for part in (config, getattr(config, "backbone_config", None))
+            if getattr(part, "image_size", None)
+        ),
+        None,
+    )  # the backbone's size where the config names none (LW-DETR's windows need it)
+    size = _image_size(sized) if sized is not None else DETECTION_SIZE
     classes = int(getattr(config, "num_labels", 2) or 2)
 
     def batch() -> dict[str, Any]:
