@@ -313,8 +313,13 @@ def test_object_detection_matches_queries_to_boxes_with_assumed_costs(tmp_path):
     assert any("Tensor.numpy()" in f.message for f in report.findings)
 
 
-def test_a_vision_language_model_is_one_line_saying_how_to_estimate_it(tmp_path):
+def test_a_vision_language_model_gets_as_many_image_tokens_as_its_features(tmp_path):
+    """LLaVA: one image a sequence, as many image tokens as its vision tower gives features
+    (a 32-pixel image in 16-pixel patches: 4, the class token dropped), counted on the meta
+    device; the loss on the text alone; a real step; the same model estimated."""
     import transformers
+
+    from vramscope.hf_models import image_tokens
 
     text = transformers.LlamaConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -324,11 +329,37 @@ def test_a_vision_language_model_is_one_line_saying_how_to_estimate_it(tmp_path)
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         image_size=32, patch_size=16,
     )  # fmt: skip
-    config = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_index=127)
+    config = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_id=127)
     config.architectures = ["LlavaForConditionalGeneration"]
     config.save_pretrained(tmp_path / "llava")
-    with pytest.raises(WorkloadError, match="a vision-language model takes images"):
-        resolve(f"hf:{tmp_path / 'llava'}").builder(2, torch.device("cpu"))
+    assert image_tokens(config) == 4
+    spec = resolve(f"hf:{tmp_path / 'llava'}/seq=16")
+    from vramscope.workload import build_workload
+
+    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
+    assert workload.meta["hf"]["task"] == "image-text-to-text"
+    batch = workload.batch()
+    assert (batch["input_ids"] == 127).sum(dim=1).tolist() == [4, 4]
+    assert (batch["labels"] != -100).sum(dim=1).tolist() == [11, 11]
+    assert tuple(batch["pixel_values"].shape) == (2, 3, 32, 32)
+    workload.loss(workload.model, **batch).backward()  # the real step runs
+    report = estimate(f"hf:{tmp_path / 'llava'}/seq=16", 2)
+    real = transformers.LlavaForConditionalGeneration(config)
+    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+    with pytest.raises(WorkloadError, match="cannot hold one image's 4 tokens"):
+        resolve(f"hf:{tmp_path / 'llava'}/seq=4").builder(2, torch.device("cpu"))
+
+
+def test_a_vision_language_model_whose_tokens_cannot_be_counted_is_one_line(tmp_path):
+    """Qwen2-VL's image features need the image's patch grid besides its pixels: the
+    estimate stops with one line that says so and what to do."""
+    import transformers
+
+    config = transformers.Qwen2VLConfig()
+    config.architectures = ["Qwen2VLForConditionalGeneration"]
+    config.save_pretrained(tmp_path / "qwen2-vl")
+    with pytest.raises(WorkloadError, match="write a build function that makes its batch"):
+        resolve(f"hf:{tmp_path / 'qwen2-vl'}/seq=64").builder(2, torch.device("cpu"))
 
 
 # ---- reading the spec -------------------------------------------------------------------------

@@ -71,6 +71,11 @@ _TASKS = (
     ),
     ("object-detection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES", "AutoModelForObjectDetection"),
     (
+        "image-text-to-text",
+        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+        "AutoModelForImageTextToText",
+    ),
+    (
         "contrastive",
         "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
         "AutoModelForZeroShotImageClassification",
@@ -404,19 +409,25 @@ def other_head_note(config: Any, model: torch.nn.Module) -> str | None:
     )
 
 
-def _unsupported(arch: str) -> str:
-    hint = (
-        ": a vision-language model takes images and as many image tokens in its text as its "
-        "processor makes, which a config alone does not say; write a build function that "
-        "makes its batch with the processor (docs/workloads.md), or measure a run"
-        if _vision_language(arch)
-        else ""
+def _uncounted(arch: str, why: str) -> str:
+    """The refusal of a vision-language model whose image tokens a config cannot count."""
+    return (
+        f"{arch}: a vision-language model takes as many image tokens in its text as its "
+        "processor makes; hf: counts them from the model's image features for one image "
+        f"(LLaVA, PaliGemma, Gemma 3, InternVL), and this one's cannot be counted so ({why}); "
+        "write a build function that makes its batch with its processor (docs/workloads.md), "
+        "or measure a run"
     )
+
+
+def _unsupported(arch: str) -> str:
+    if _vision_language(arch):
+        return _uncounted(arch, "not an image-text-to-text model of transformers")
     return (
         "hf: builds causal and sequence-to-sequence LMs, masked LMs, text (sequence, token), "
         "image and audio classifiers, semantic segmentation, object detection, question "
-        "answering, multiple choice, CTC and speech-to-text models, CLIP-style and base "
-        f"models; {arch} is none of these{hint}"
+        "answering, multiple choice, CTC and speech-to-text models, vision-language models, "
+        f"CLIP-style and base models; {arch} is none of these"
     )
 
 
@@ -566,6 +577,8 @@ def batch_and_loss(
         return _text_heads(config, "sequence-classification", mode, shapes, vocab, device)
     if task == "object-detection":
         return _detection(config, mode, b, channels, device)
+    if task == "image-text-to-text":
+        return _image_and_text(config, mode, shapes, vocab, device)
     if task in ("image-classification", "semantic-segmentation"):
         labels_count = int(getattr(config, "num_labels", 2) or 2)
         # semantic segmentation: a class per pixel (Segformer, UperNet, DPT)
@@ -919,6 +932,95 @@ def _detection(
         if mode == "infer":
             return model(pixel_values=pixel_values).logits
         return model(pixel_values=pixel_values, labels=labels).loss
+
+    return batch, loss
+
+
+def image_tokens(config: Any) -> int:
+    """How many tokens one image takes in a vision-language model's text: its image
+    features counted on the meta device (no memory), the model's own code deciding (LLaVA's
+    patches without the class token, PaliGemma's, InternVL's pixel shuffle). A model whose
+    features need more than an image (its grid, its sizes) is refused in one line."""
+    import inspect
+
+    cls = model_class(config, "image-text-to-text")
+    vision = vision_config(config)
+    size = _image_size(vision)
+    channels = int(getattr(vision, "num_channels", 3) or 3)
+    arch = getattr(cls, "__name__", "?")
+    try:
+        features = getattr(cls, "get_image_features", None)
+        if (
+            features is None
+            or len(
+                [
+                    p
+                    for p in inspect.signature(features).parameters.values()
+                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                ]
+            )
+            > 2
+        ):
+            raise TypeError("its image features need more than the images")
+        with _quiet_transformers(), torch.device("meta"):
+            model = cls(config)
+            out = model.get_image_features(pixel_values=torch.zeros(1, channels, size, size))
+    except Exception as exc:
+        raise WorkloadError(_uncounted(arch, first_line(exc))) from None
+    out = (
+        getattr(out, "pooler_output", None)
+        if not isinstance(out, (torch.Tensor, list, tuple))
+        else out
+    )
+    parts = out if isinstance(out, (list, tuple)) else [out]
+    if not parts or not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in parts):
+        raise WorkloadError(_uncounted(arch, "its image features have no token axis"))
+    return sum(int(t.shape[-2]) * (int(t.shape[0]) if t.dim() == 3 else 1) for t in parts)
+
+
+def _image_and_text(
+    config: Any, mode: str, shapes: Shapes, vocab: int, device: torch.device
+) -> tuple[Callable[[], Any], Callable[..., Any]]:
+    """A vision-language model fine-tuned on image and text (LLaVA, PaliGemma, InternVL):
+    one image a sequence, its ``image_tokens`` image tokens at the start of the
+    ``seq``-token sequence as the processor places them, the text after, and the loss on
+    the text alone."""
+    token = getattr(config, "image_token_id", None)
+    if token is None:
+        token = getattr(config, "image_token_index", None)
+    count = image_tokens(config)
+    if token is None:
+        arch = str((getattr(config, "architectures", None) or ["?"])[0])
+        raise WorkloadError(_uncounted(arch, "its config names no image token"))
+    b, seq = shapes.batch_size, shapes.seq
+    if seq <= count + 1:
+        raise WorkloadError(
+            f"a sequence of {seq} tokens cannot hold one image's {count} tokens and text; "
+            f"pass /seq=N with N above {count + 1}"
+        )
+    vision = vision_config(config)
+    size = _image_size(vision)
+    channels = int(getattr(vision, "num_channels", 3) or 3)
+    filler = next(t for t in range(vocab) if t != token)
+
+    def batch() -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab, (b, seq), device=device)
+        ids = torch.where(ids == token, filler, ids)
+        ids[:, 1 : 1 + count] = token
+        labels = ids.clone()
+        labels[:, : 1 + count] = -100  # the image and the first token are not predicted
+        pixels = torch.randn(b, channels, size, size, device=device)
+        return {"input_ids": ids, "pixel_values": pixels, "labels": labels}
+
+    def loss(
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        pixel_values: torch.Tensor,
+        labels: torch.Tensor,
+    ) -> Any:
+        if mode == "infer":
+            return model(input_ids=input_ids, pixel_values=pixel_values).logits
+        return model(input_ids=input_ids, pixel_values=pixel_values, labels=labels).loss
 
     return batch, loss
 
