@@ -287,10 +287,12 @@ def hf_head_rows(tasks: tuple[str, ...], library: str) -> list[dict[str, Any]]:
         "multiple-choice": "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES",
         "speech-seq2seq": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
         "semantic-segmentation": "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+        "image-text-to-text": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
     }
     task_sources = {
         "speech-seq2seq": ("audio-classification", "ctc", "seq2seq-lm"),
         "semantic-segmentation": ("image-classification",),
+        "image-text-to-text": ("causal-lm", "seq2seq-lm"),
     }
     rows = []
     for task in tasks:
@@ -307,7 +309,9 @@ def hf_head_rows(tasks: tuple[str, ...], library: str) -> list[dict[str, Any]]:
             key = zoo_hf.entry_key(entry["type"], task)
             config = {**entry["config"], "architectures": [cls]}
             zoo_hf.write_config(config, key, ROOT / zoo_hf.CONFIG_DIR)
-            options = "" if task in task_sources else f"/seq={HF_SEQ}"
+            options = (
+                "" if task in ("speech-seq2seq", "semantic-segmentation") else f"/seq={HF_SEQ}"
+            )
             spec = f"hf:{zoo_hf.CONFIG_DIR / key}.json{options}"
             row = _row(spec, library, entry["type"], task, HF_BATCH)
             row["level"] = entry["level"]
@@ -324,13 +328,15 @@ def hf_sequence_classification_rows() -> list[dict[str, Any]]:
 def hf_text_head_rows() -> list[dict[str, Any]]:
     """Token classification, extractive question answering, multiple choice; speech-to-text
     for the types whose shrunk audio or sequence-to-sequence config has a class for it
-    (Whisper); semantic segmentation for the image classifiers' types (Segformer)."""
+    (Whisper); semantic segmentation for the image classifiers' types (Segformer); image and
+    text for the vision-language types whose shrunk LM config the sweep has (Gemma 3)."""
     tasks = (
         "token-classification",
         "question-answering",
         "multiple-choice",
         "speech-seq2seq",
         "semantic-segmentation",
+        "image-text-to-text",
     )
     return hf_head_rows(tasks, "hf-heads")
 
