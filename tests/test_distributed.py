@@ -439,3 +439,31 @@ def test_a_script_that_destroyed_its_own_group_still_lets_the_collectives_settle
     (group_wait, held), (plain_wait, none_held) = waits[0], waits[1]
     assert held and group_wait >= runner.SETTLE_S
     assert not none_held and plain_wait < runner.SETTLE_S / 2
+
+
+def test_a_script_that_trains_in_spawned_processes_says_so(tmp_path):
+    """``torch.multiprocessing.spawn`` trains in fresh interpreters this run cannot see: the
+    report (of the process that started them) says how many, which function, and how to
+    measure each rank; the spawn itself is torch's own (the ranks train and exit 0)."""
+    script = tmp_path / "spawned.py"
+    script.write_text(
+        "import os, socket, torch, torch.distributed as dist, torch.multiprocessing as mp\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "def train(rank, world, port):\n"
+        "    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))\n"
+        "    dist.init_process_group('gloo', rank=rank, world_size=world)\n"
+        "    model = DDP(torch.nn.Linear(8, 8))\n"
+        "    model(torch.randn(4, 8)).sum().backward()\n"
+        "    dist.destroy_process_group()\n"
+        "if __name__ == '__main__':\n"
+        "    with socket.socket() as s:\n"
+        "        s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]\n"
+        "    mp.spawn(train, args=(2, port), nprocs=2)\n"
+    )
+    proc = vramscope("run", "--json", "spawned.json", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data, _ = load(tmp_path / "spawned.json")
+    finding = next(f for f in data["findings"] if f["kind"] == "spawned_processes")
+    assert finding["severity"] == "warning"
+    assert finding["data"]["spawns"] == [{"function": "train", "processes": 2}]
+    assert "vramscope run --nproc N" in finding["message"]

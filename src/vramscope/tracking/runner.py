@@ -11,6 +11,7 @@ import sysconfig
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 
 from vramscope.errors import VramscopeError
 from vramscope.journal.supervise import send_to_self
-from vramscope.report.model import Report
+from vramscope.report.model import Finding, Report
 from vramscope.stops import STOP_SIGNALS, Stopped
 from vramscope.tracking.session import Session
 from vramscope.workload import (
@@ -191,11 +192,13 @@ def run_script(
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.resolve().parent))
     code = 0
+    spawned: list[dict[str, Any]] = []
     session.start()
     try:
         stops.arm()
         try:
-            namespace = runpy.run_path(str(path), run_name="__main__")
+            with _watching_spawns(spawned):
+                namespace = runpy.run_path(str(path), run_name="__main__")
         finally:
             stops.armed = False
             _let_collectives_settle(session)  # the script's objects are still alive here
@@ -224,7 +227,59 @@ def run_script(
             sys.path.remove(str(path.resolve().parent))
         if saved_path0 is not None and (not sys.path or sys.path[0] != saved_path0):
             sys.path.insert(0, saved_path0)
-    return _with_signal(session.report(), stops), code
+    return _with_spawns(_with_signal(session.report(), stops), spawned), code
+
+
+@contextlib.contextmanager
+def _watching_spawns(spawned: list[dict[str, Any]]) -> Iterator[None]:
+    """Note each ``torch.multiprocessing.spawn`` (``start_processes``) the script makes: the
+    function it runs and how many processes. Those processes train where this run cannot
+    see (fresh interpreters), and the report must say so. The call itself is torch's own."""
+    import torch.multiprocessing as tmp
+
+    spawn_module = sys.modules.get("torch.multiprocessing.spawn")  # (the name is a function too)
+    original = getattr(spawn_module, "start_processes", None)
+    if original is None:  # another torch's layout: nothing watched, the run goes on
+        yield
+        return
+
+    def start_processes(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kw: Any) -> Any:
+        spawned.append({"function": getattr(fn, "__name__", repr(fn)), "processes": nprocs})
+        return original(fn, args, nprocs, *rest, **kw)
+
+    exported = getattr(tmp, "start_processes", None)
+    spawn_module.start_processes = start_processes
+    if exported is original:
+        tmp.start_processes = start_processes
+    try:
+        yield
+    finally:
+        spawn_module.start_processes = original
+        if exported is original:
+            tmp.start_processes = original
+
+
+def _with_spawns(report: Report, spawned: list[dict[str, Any]]) -> Report:
+    """A finding when the script trained in processes it spawned."""
+    if not spawned:
+        return report
+    processes = sum(int(s["processes"]) for s in spawned)
+    functions = ", ".join(dict.fromkeys(str(s["function"]) for s in spawned))
+    report.findings.insert(
+        0,
+        Finding(
+            "spawned_processes",
+            "warning",
+            f"the script started {processes} processes with torch.multiprocessing.spawn "
+            f"({functions}): what they held is not in this report, which measured the "
+            "process that started them (host RSS counts the whole process tree). Measure "
+            "each rank: launch the script with torchrun under `vramscope run --nproc N` "
+            "(ranks read RANK and WORLD_SIZE), or wrap the spawned function's body in "
+            "`with vramscope.track() as session:` and save `session.report()` per rank",
+            {"spawns": spawned},
+        ),
+    )
+    return report
 
 
 SETTLE_S = 0.1
