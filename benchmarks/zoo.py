@@ -45,6 +45,8 @@ from zoo_pool import first_line, run_all  # noqa: E402
 
 RESULTS = HERE / "results"
 OUT_JSON = RESULTS / "zoo_estimates_cpu.json"
+# workload lists beside the sweep (zoo_models.py): models and heads it never traced
+CHECKS = ("timm-variants", "hf-seqcls", "hf-heads", "hf-detection")
 REAL_BATCH = 2
 REAL_STEP_SGD_ABOVE = 250_000_000  # parameters: larger models take their real step with SGD
 GPU = "h200"
@@ -410,7 +412,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--only",
-        choices=("torchvision", "timm", "hf", "layers", "timm-variants", "hf-seqcls", "hf-heads"),
+        choices=("torchvision", "timm", "hf", "layers", *CHECKS),
     )
     parser.add_argument("--limit", type=int, help="the first N workloads (in the list's order)")
     parser.add_argument("--ids", nargs="*", help="only these workload ids (or specs)")

@@ -341,6 +341,30 @@ def hf_text_head_rows() -> list[dict[str, Any]]:
     return hf_head_rows(tasks, "hf-heads")
 
 
+def hf_detection_rows() -> list[dict[str, Any]]:
+    """Object detection for every detector type transformers has, each with its default
+    config (no pretrained backbone): the sweep has no detector configs to shrink. Not part of
+    the sweep: a check on heads it never traced."""
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    import zoo_hf
+
+    rows = []
+    for model_type, cls in sorted(modeling_auto.MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES.items()):
+        try:
+            config = configuration_auto.CONFIG_MAPPING[model_type]()
+        except Exception:
+            continue  # a config that does not build with its defaults
+        if hasattr(config, "use_pretrained_backbone"):
+            config.use_pretrained_backbone = False
+        config.architectures = [cls if isinstance(cls, str) else cls[0]]
+        key = zoo_hf.entry_key(model_type, "object-detection")
+        zoo_hf.write_config(config.to_dict(), key, ROOT / zoo_hf.CONFIG_DIR)
+        spec = f"hf:{zoo_hf.CONFIG_DIR / key}.json"
+        rows.append(_row(spec, "hf-detection", model_type, "object-detection", 2))
+    return rows
+
+
 # ---- layers ------------------------------------------------------------------------------------
 
 
@@ -366,6 +390,7 @@ def workloads(only: str | None = None) -> list[dict[str, Any]]:
         "timm-variants": timm_variant_rows,
         "hf-seqcls": hf_sequence_classification_rows,
         "hf-heads": hf_text_head_rows,
+        "hf-detection": hf_detection_rows,
     }
     if only in checks:  # not part of the sweep: checks on models it never saw
         return checks[only]()
@@ -384,7 +409,9 @@ def main() -> int:
     parser.add_argument(
         "--timm-variants", action="store_true", help="choose timm's other variants again"
     )
-    parser.add_argument("--only", choices=(*LIBRARIES, "timm-variants", "hf-seqcls", "hf-heads"))
+    parser.add_argument(
+        "--only", choices=(*LIBRARIES, "timm-variants", "hf-seqcls", "hf-heads", "hf-detection")
+    )
     args = parser.parse_args()
     if args.timm:
         write_timm_models()
