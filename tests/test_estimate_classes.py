@@ -241,19 +241,25 @@ def workloads(tmp_path_factory) -> Path:
     return path
 
 
+def _parameter_blocks(workloads: Path, name: str) -> int:
+    """The parameters of workload ``name`` built for real on the CPU, in float32, each in
+    the allocator's 512-byte blocks."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("class_workloads", workloads)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    real = getattr(module, name)(2, torch.device("cpu")).model
+    return sum(-(-p.numel() * 4 // 512) * 512 for p in real.parameters())
+
+
 def _allocations(spec: str, batch: int) -> list[tuple[str, int]]:
     trace = trace_workload(resolve(spec), batch, get_profile("h200"))
     return [(trace.blocks[e[1]].op, e[2]) for e in trace.events if e[0] == "alloc"]
 
 
 def test_a_module_that_deep_copies_its_layers_is_estimated(workloads):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("class_workloads", workloads)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    real = module.small_vit(2, torch.device("cpu")).model
-    weights = sum(-(-p.numel() * 4 // 512) * 512 for p in real.parameters())
+    weights = _parameter_blocks(workloads, "small_vit")
     report = estimate(f"{workloads}:small_vit", 8)
     # the three deep copies of the encoder layer are parameters of their own
     assert report.categories_at_peak.parameters == weights
@@ -280,13 +286,7 @@ def test_a_whole_tensor_comparison_in_build_reads_the_values_the_trace_has(workl
     """``nn.utils.parametrizations.orthogonal`` checks its initial weight with
     ``torch.allclose``: the weight's values are the real initializer's (a small tensor), so
     the comparison is computed, not assumed; the parametrized weight is a parameter."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("class_workloads", workloads)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    real = module.orthogonal_linear(2, torch.device("cpu")).model
-    weights = sum(-(-p.numel() * 4 // 512) * 512 for p in real.parameters())
+    weights = _parameter_blocks(workloads, "orthogonal_linear")
     report = estimate(f"{workloads}:orthogonal_linear", 8)
     assert report.categories_at_peak.parameters == weights
     assert not any("allclose" in f.message for f in report.findings)

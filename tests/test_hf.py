@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -124,6 +125,37 @@ def test_a_true_precision_builds_the_model_in_its_dtype(tiny):
     assert workload.meta["hf"]["seq"] == 16
 
 
+def _saved(config: Any, arch: str, folder: Path) -> Path:
+    """``config`` naming the class ``arch``, saved as ``folder/config.json``."""
+    config.architectures = [arch]
+    config.save_pretrained(folder)
+    return folder
+
+
+def _built(spec: str, batch_size: int, task: str) -> tuple[Any, dict[str, Any]]:
+    """The workload of an hf: spec built on the CPU (checked to be for ``task``) and one
+    of its batches."""
+    from vramscope.workload import build_workload
+
+    resolved = resolve(spec)
+    workload = build_workload(resolved.builder, batch_size, torch.device("cpu"), resolved.spec)
+    assert workload.meta["hf"]["task"] == task
+    return workload, workload.batch()
+
+
+def _stepped_and_estimated(
+    workload: Any, batch: dict[str, Any], spec: str, batch_size: int, real: Any = None
+) -> Any:
+    """A real step on the batch, then the estimate of the same spec (of the real model
+    ``real``'s parameters, when given); the report."""
+    workload.loss(workload.model, **batch).backward()  # the real step runs
+    report = estimate(spec, batch_size)
+    assert report.workload["training"]
+    if real is not None:
+        assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+    return report
+
+
 def test_a_decoder_classifier_without_a_pad_token_pads_with_its_end_token(tmp_path):
     """Llama for sequence classification finds each sequence's last token by its pad token
     and refuses a batch of 2 without one (a real CPU run of the same model raises too):
@@ -131,16 +163,9 @@ def test_a_decoder_classifier_without_a_pad_token_pads_with_its_end_token(tmp_pa
     folder = tiny_config(
         "llama-3-8b", tmp_path / "llama-cls", architectures=["LlamaForSequenceClassification"]
     )
-    spec = resolve(f"hf:{folder}/seq=16")
-    from vramscope.workload import build_workload
-
-    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
-    assert workload.meta["hf"]["task"] == "sequence-classification"
+    workload, batch = _built(f"hf:{folder}/seq=16", 2, "sequence-classification")
     assert workload.meta["hf"]["pad_token_id"] == workload.model.config.eos_token_id == 1
-    batch = workload.batch()
-    workload.loss(workload.model, **batch).backward()  # the real step runs
-    report = estimate(f"hf:{folder}/seq=16", 2)
-    assert report.workload["training"]
+    report = _stepped_and_estimated(workload, batch, f"hf:{folder}/seq=16", 2)
     notes = report.extra["estimate"]["notes"]
     assert any("has no pad_token_id: token 1 (its end-of-sequence token) pads" in n for n in notes)
 
@@ -159,16 +184,10 @@ def test_an_encoder_decoder_classifier_gets_one_end_token_a_sequence(tmp_path):
         "bos_token_id": 0, "decoder_start_token_id": 2,
     }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
-    spec = resolve(f"hf:{folder}/seq=16")
-    from vramscope.workload import build_workload
-
-    workload = build_workload(spec.builder, 4, torch.device("cpu"), spec.spec)
-    batch = workload.batch()
+    workload, batch = _built(f"hf:{folder}/seq=16", 4, "sequence-classification")
     ids = batch["input_ids"]
     assert (ids[:, -1] == 2).all() and int((ids == 2).sum()) == 4
-    workload.loss(workload.model, **batch).backward()  # the real step runs
-    report = estimate(f"hf:{folder}/seq=16", 4)
-    assert report.workload["training"]
+    _stepped_and_estimated(workload, batch, f"hf:{folder}/seq=16", 4)
 
 
 @pytest.mark.parametrize(
@@ -189,20 +208,12 @@ def test_text_heads_are_built_as_their_architecture_names(tmp_path, arch, task, 
     import transformers
 
     folder = tiny_config("bert-base-uncased", tmp_path / task, architectures=[arch])
-    spec = resolve(f"hf:{folder}/seq=16")
-    from vramscope.workload import build_workload
-
-    workload = build_workload(spec.builder, 4, torch.device("cpu"), spec.spec)
-    model = workload.model
-    assert type(model).__name__ == arch and hasattr(model, head)
-    assert workload.meta["hf"]["task"] == task
-    batch = workload.batch()
+    workload, batch = _built(f"hf:{folder}/seq=16", 4, task)
+    assert type(workload.model).__name__ == arch and hasattr(workload.model, head)
     assert {k: tuple(v.shape) for k, v in batch.items()} == shapes
-    workload.loss(model, **batch).backward()  # the real step runs
-    report = estimate(f"hf:{folder}/seq=16", 4)
-    config = getattr(transformers, arch).config_class.from_pretrained(folder)
-    real = getattr(transformers, arch)(config)
-    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+    cls = getattr(transformers, arch)
+    real = cls(cls.config_class.from_pretrained(folder))
+    _stepped_and_estimated(workload, batch, f"hf:{folder}/seq=16", 4, real)
 
 
 def test_a_head_of_another_task_is_estimated_as_its_type_and_says_so(tmp_path):
@@ -218,10 +229,7 @@ def test_a_head_of_another_task_is_estimated_as_its_type_and_says_so(tmp_path):
         "names BertForNextSentencePrediction" in n and "estimated as BertForMaskedLM" in n
         for n in notes
     )
-    from vramscope.workload import build_workload
-
-    spec = resolve(f"hf:{folder}/seq=16/task=token-classification")
-    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
+    workload, _ = _built(f"hf:{folder}/seq=16/task=token-classification", 2, "token-classification")
     assert type(workload.model).__name__ == "BertForTokenClassification"
     with pytest.raises(WorkloadError, match="unknown task 'tagging'"):
         resolve(f"hf:{folder}/seq=16/task=tagging").builder(2, torch.device("cpu"))
@@ -237,23 +245,15 @@ def test_whisper_is_trained_on_log_mel_frames_and_a_transcript(tmp_path):
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
         max_source_positions=64, max_target_positions=96,
     )  # fmt: skip
-    config.architectures = ["WhisperForConditionalGeneration"]
-    config.save_pretrained(tmp_path / "whisper")
-    spec = resolve(f"hf:{tmp_path / 'whisper'}")
-    from vramscope.workload import build_workload
-
-    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
-    assert workload.meta["hf"]["task"] == "speech-seq2seq"
-    batch = workload.batch()
+    spec = f"hf:{_saved(config, 'WhisperForConditionalGeneration', tmp_path / 'whisper')}"
+    workload, batch = _built(spec, 2, "speech-seq2seq")
     # 2 frames an encoder position; the transcript at most the decoder's positions
     assert {k: tuple(v.shape) for k, v in batch.items()} == {
         "input_features": (2, 16, 128),
         "labels": (2, 96),
     }
-    workload.loss(workload.model, **batch).backward()  # the real step runs
-    report = estimate(f"hf:{tmp_path / 'whisper'}", 2)
     real = transformers.WhisperForConditionalGeneration(config)
-    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+    _stepped_and_estimated(workload, batch, spec, 2, real)
 
 
 def test_semantic_segmentation_gets_a_class_per_pixel(tmp_path):
@@ -265,19 +265,11 @@ def test_semantic_segmentation_gets_a_class_per_pixel(tmp_path):
         hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_attention_heads=[1, 1, 2, 2],
         decoder_hidden_size=32, image_size=64, num_labels=5,
     )  # fmt: skip
-    config.architectures = ["SegformerForSemanticSegmentation"]
-    config.save_pretrained(tmp_path / "segformer")
-    spec = resolve(f"hf:{tmp_path / 'segformer'}")
-    from vramscope.workload import build_workload
-
-    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
-    assert workload.meta["hf"]["task"] == "semantic-segmentation"
-    batch = workload.batch()
+    spec = f"hf:{_saved(config, 'SegformerForSemanticSegmentation', tmp_path / 'segformer')}"
+    workload, batch = _built(spec, 2, "semantic-segmentation")
     assert tuple(batch["labels"].shape) == (2, 64, 64) and int(batch["labels"].max()) < 5
-    workload.loss(workload.model, **batch).backward()  # the real step runs
-    report = estimate(f"hf:{tmp_path / 'segformer'}", 2)
     real = transformers.SegformerForSemanticSegmentation(config)
-    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+    _stepped_and_estimated(workload, batch, spec, 2, real)
 
 
 def test_object_detection_matches_queries_to_boxes_with_assumed_costs(tmp_path):
@@ -296,20 +288,12 @@ def test_object_detection_matches_queries_to_boxes_with_assumed_costs(tmp_path):
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=12,
         num_labels=5, image_size=64,
     )  # fmt: skip
-    config.architectures = ["DetrForObjectDetection"]
-    config.save_pretrained(tmp_path / "detr")
-    spec = resolve(f"hf:{tmp_path / 'detr'}")
-    from vramscope.workload import build_workload
-
-    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
-    assert workload.meta["hf"]["task"] == "object-detection"
-    batch = workload.batch()
+    spec = f"hf:{_saved(config, 'DetrForObjectDetection', tmp_path / 'detr')}"
+    workload, batch = _built(spec, 2, "object-detection")
     assert tuple(batch["pixel_values"].shape) == (2, 3, 64, 64)
     assert [tuple(t["boxes"].shape) for t in batch["labels"]] == [(8, 4), (8, 4)]
-    workload.loss(workload.model, **batch).backward()  # the real step runs
-    report = estimate(f"hf:{tmp_path / 'detr'}", 2)
     real = transformers.DetrForObjectDetection(config)
-    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+    report = _stepped_and_estimated(workload, batch, spec, 2, real)
     assert any("Tensor.numpy()" in f.message for f in report.findings)
 
 
@@ -330,24 +314,16 @@ def test_a_vision_language_model_gets_as_many_image_tokens_as_its_features(tmp_p
         image_size=32, patch_size=16,
     )  # fmt: skip
     config = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_id=127)
-    config.architectures = ["LlavaForConditionalGeneration"]
-    config.save_pretrained(tmp_path / "llava")
-    assert image_tokens(config) == 4
-    spec = resolve(f"hf:{tmp_path / 'llava'}/seq=16")
-    from vramscope.workload import build_workload
-
-    workload = build_workload(spec.builder, 2, torch.device("cpu"), spec.spec)
-    assert workload.meta["hf"]["task"] == "image-text-to-text"
-    batch = workload.batch()
+    folder = _saved(config, "LlavaForConditionalGeneration", tmp_path / "llava")
+    assert image_tokens(config, 32, 3) == 4
+    workload, batch = _built(f"hf:{folder}/seq=16", 2, "image-text-to-text")
     assert (batch["input_ids"] == 127).sum(dim=1).tolist() == [4, 4]
     assert (batch["labels"] != -100).sum(dim=1).tolist() == [11, 11]
     assert tuple(batch["pixel_values"].shape) == (2, 3, 32, 32)
-    workload.loss(workload.model, **batch).backward()  # the real step runs
-    report = estimate(f"hf:{tmp_path / 'llava'}/seq=16", 2)
     real = transformers.LlavaForConditionalGeneration(config)
-    assert report.workload["parameters"] == sum(p.numel() for p in real.parameters())
+    _stepped_and_estimated(workload, batch, f"hf:{folder}/seq=16", 2, real)
     with pytest.raises(WorkloadError, match="cannot hold one image's 4 tokens"):
-        resolve(f"hf:{tmp_path / 'llava'}/seq=4").builder(2, torch.device("cpu"))
+        resolve(f"hf:{folder}/seq=4").builder(2, torch.device("cpu"))
 
 
 def test_a_vision_language_model_whose_tokens_cannot_be_counted_is_one_line(tmp_path):
@@ -356,10 +332,9 @@ def test_a_vision_language_model_whose_tokens_cannot_be_counted_is_one_line(tmp_
     import transformers
 
     config = transformers.Qwen2VLConfig()
-    config.architectures = ["Qwen2VLForConditionalGeneration"]
-    config.save_pretrained(tmp_path / "qwen2-vl")
+    folder = _saved(config, "Qwen2VLForConditionalGeneration", tmp_path / "qwen2-vl")
     with pytest.raises(WorkloadError, match="write a build function that makes its batch"):
-        resolve(f"hf:{tmp_path / 'qwen2-vl'}/seq=64").builder(2, torch.device("cpu"))
+        resolve(f"hf:{folder}/seq=64").builder(2, torch.device("cpu"))
 
 
 # ---- reading the spec -------------------------------------------------------------------------

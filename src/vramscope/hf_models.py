@@ -378,7 +378,8 @@ def task_of(config: Any, task: str | None = None) -> tuple[str, str]:
 
 def _is_head(arch: str) -> bool:
     """Whether ``arch`` names a transformers model with a task head (``...For...``): one
-    of no supported task is refused rather than estimated as another model of its type."""
+    of no supported task is built as its type's first task, with a note (not by its name's
+    suffix, which only a class of a model's own code is read by)."""
     import transformers
 
     return "For" in arch and hasattr(transformers, arch)
@@ -578,7 +579,7 @@ def batch_and_loss(
     if task == "object-detection":
         return _detection(config, mode, b, channels, device)
     if task == "image-text-to-text":
-        return _image_and_text(config, mode, shapes, vocab, device)
+        return _image_and_text(config, mode, shapes, vocab, (size, channels), device)
     if task in ("image-classification", "semantic-segmentation"):
         labels_count = int(getattr(config, "num_labels", 2) or 2)
         # semantic segmentation: a class per pixel (Segformer, UperNet, DPT)
@@ -643,8 +644,7 @@ def pad_with_end_token(config: Any) -> int | None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(text, "pad_token_id", None) is not None:
         return None
-    end = _end_token(text) if _end_token(text) is not None else _end_token(config)
-    pad = end if end is not None else 0
+    pad = next((t for t in (_end_token(text), _end_token(config)) if t is not None), 0)
     for part in {id(config): config, id(text): text}.values():
         if getattr(part, "pad_token_id", None) is None:
             part.pad_token_id = pad
@@ -903,9 +903,10 @@ def _detection(
     config: Any, mode: str, b: int, channels: int, device: torch.device
 ) -> tuple[Callable[[], Any], Callable[..., Any]]:
     """Object detection (DETR, RT-DETR, YOLOS...): images of the config's size (else its
-    backbone's, else ``DETECTION_SIZE``) and ``OBJECTS`` boxes an image, each a class and a box (centre,
-    width, height, in [0, 1]), as transformers' image processors make the labels. The loss
-    matches queries to boxes (scipy's assignment: sizes whatever the values)."""
+    backbone's, else ``DETECTION_SIZE``) and ``OBJECTS`` boxes an image, each a class and a
+    box (centre, width, height, in [0, 1]), as transformers' image processors make the
+    labels. The loss matches queries to boxes (scipy's assignment: sizes whatever the
+    values)."""
     sized = next(
         (
             part
@@ -936,42 +937,22 @@ def _detection(
     return batch, loss
 
 
-def image_tokens(config: Any) -> int:
+def image_tokens(config: Any, size: int, channels: int) -> int:
     """How many tokens one image takes in a vision-language model's text: its image
-    features counted on the meta device (no memory), the model's own code deciding (LLaVA's
-    patches without the class token, PaliGemma's, InternVL's pixel shuffle). A model whose
-    features need more than an image (its grid, its sizes) is refused in one line."""
-    import inspect
-
+    features for one ``size`` image counted on the meta device (no memory), the model's own
+    code deciding (LLaVA's patches without the class token, PaliGemma's, InternVL's pixel
+    shuffle). A model whose features need more than the pixels (its patch grid, its image
+    sizes) is refused in one line."""
     cls = model_class(config, "image-text-to-text")
-    vision = vision_config(config)
-    size = _image_size(vision)
-    channels = int(getattr(vision, "num_channels", 3) or 3)
     arch = getattr(cls, "__name__", "?")
     try:
-        features = getattr(cls, "get_image_features", None)
-        if (
-            features is None
-            or len(
-                [
-                    p
-                    for p in inspect.signature(features).parameters.values()
-                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-                ]
-            )
-            > 2
-        ):
-            raise TypeError("its image features need more than the images")
         with _quiet_transformers(), torch.device("meta"):
             model = cls(config)
             out = model.get_image_features(pixel_values=torch.zeros(1, channels, size, size))
-    except Exception as exc:
+    except Exception as exc:  # a missing argument, no such method, a shape it cannot take
         raise WorkloadError(_uncounted(arch, first_line(exc))) from None
-    out = (
-        getattr(out, "pooler_output", None)
-        if not isinstance(out, (torch.Tensor, list, tuple))
-        else out
-    )
+    if not isinstance(out, (torch.Tensor, list, tuple)):
+        out = getattr(out, "pooler_output", None)  # a ModelOutput
     parts = out if isinstance(out, (list, tuple)) else [out]
     if not parts or not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in parts):
         raise WorkloadError(_uncounted(arch, "its image features have no token axis"))
@@ -979,7 +960,12 @@ def image_tokens(config: Any) -> int:
 
 
 def _image_and_text(
-    config: Any, mode: str, shapes: Shapes, vocab: int, device: torch.device
+    config: Any,
+    mode: str,
+    shapes: Shapes,
+    vocab: int,
+    image: tuple[int, int],
+    device: torch.device,
 ) -> tuple[Callable[[], Any], Callable[..., Any]]:
     """A vision-language model fine-tuned on image and text (LLaVA, PaliGemma, InternVL):
     one image a sequence, its ``image_tokens`` image tokens at the start of the
@@ -988,7 +974,8 @@ def _image_and_text(
     token = getattr(config, "image_token_id", None)
     if token is None:
         token = getattr(config, "image_token_index", None)
-    count = image_tokens(config)
+    size, channels = image
+    count = image_tokens(config, size, channels)
     if token is None:
         arch = str((getattr(config, "architectures", None) or ["?"])[0])
         raise WorkloadError(_uncounted(arch, "its config names no image token"))
@@ -998,9 +985,6 @@ def _image_and_text(
             f"a sequence of {seq} tokens cannot hold one image's {count} tokens and text; "
             f"pass /seq=N with N above {count + 1}"
         )
-    vision = vision_config(config)
-    size = _image_size(vision)
-    channels = int(getattr(vision, "num_channels", 3) or 3)
     filler = next(t for t in range(vocab) if t != token)
 
     def batch() -> dict[str, torch.Tensor]:
