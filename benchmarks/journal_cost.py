@@ -6,7 +6,8 @@ with the journal and one without (``journal=None``), each block a fresh session;
 median step time is set against the blocks on either side of it, so that the machine's drift
 cancels. Inside the journal blocks, the time spent in the journal's own code is added up:
 the step table's observer on the training thread (encoding the stored step and writing it:
-one ``write``, no ``fsync``) and the sampler thread's flushes. Then one long run with the
+one ``write``, no ``fsync``, for the steps stored since the last write: a step stored less
+than ``STEP_WRITE_GAP_S`` after it waits for the next) and the sampler thread's flushes. Then one long run with the
 default limits (a compaction at 4 MiB) gives the bytes a step, the largest file and the
 slowest compaction, and the time to make the report from the journal.
 
@@ -51,12 +52,14 @@ class Timed:
         self.observer_calls = 0
         self.flush_s = 0.0
         self.flush_calls = 0
+        self.step_flush_s = 0.0  # the sampler's writes of steps that waited (and the flush)
+        self.step_flush_calls = 0
         self.compactions: list[float] = []
         self._originals = {}
 
     def __enter__(self) -> Timed:
         cls = writer.JournalWriter
-        for name in ("on_steps", "flush", "_compact"):
+        for name in ("on_steps", "flush", "_compact", "_flush_steps"):
             self._originals[name] = getattr(cls, name)
         timed = self
 
@@ -72,12 +75,19 @@ class Timed:
             timed.flush_s += time.perf_counter() - start
             timed.flush_calls += 1
 
+        def flush_steps(self: writer.JournalWriter) -> None:
+            start = time.perf_counter()
+            timed._originals["_flush_steps"](self)
+            timed.step_flush_s += time.perf_counter() - start
+            timed.step_flush_calls += 1
+
         def compact(self: writer.JournalWriter) -> None:
             start = time.perf_counter()
             timed._originals["_compact"](self)
             timed.compactions.append(time.perf_counter() - start)
 
         cls.on_steps, cls.flush, cls._compact = on_steps, flush, compact  # type: ignore[method-assign]
+        cls._flush_steps = flush_steps  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -145,6 +155,12 @@ def side_by_side(rounds: int, steps: int, folder: Path) -> dict:
         "journal_share_of_step_pct": round(100 * per_step / step_s, 2),
         "sampler_flush_us": round(1e6 * timed.flush_s / max(1, timed.flush_calls), 1),
         "sampler_flushes": timed.flush_calls,
+        # of those, the flushes that also wrote steps which waited (STEP_WRITE_GAP_S)
+        "sampler_step_flush_us": round(
+            1e6 * timed.step_flush_s / max(1, timed.step_flush_calls), 1
+        ),
+        "sampler_step_flushes": timed.step_flush_calls,
+        "step_write_gap_s": writer.STEP_WRITE_GAP_S,
     }
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -60,10 +61,12 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_each_step_is_in_the_journal_as_soon_as_it_is_stored(tmp_path):
+    """Steps further apart than STEP_WRITE_GAP_S: each written when it is stored."""
     path = tmp_path / "run.journal"
     run = Training()
     with vramscope.track(journal=path):
         for i in range(4):
+            time.sleep(writer.STEP_WRITE_GAP_S)
             run.step()  # step i ends when step i + 1 begins (or the session stops)
             assert [s.index for s in read_journal(path).steps] == list(range(i))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -71,6 +74,36 @@ def test_each_step_is_in_the_journal_as_soon_as_it_is_stored(tmp_path):
     assert [s.index for s in journal.steps] == [0, 1, 2, 3]
     assert journal.stopped and journal.script_exit == {"status": "ok", "code": 0, "error": None}
     assert journal.intact and not journal.truncated
+
+
+def test_short_steps_reach_the_journal_a_write_every_few_steps_and_within_a_flush(tmp_path):
+    """Steps stored closer together wait for the next write: a later step's, or the
+    sampler's flush (within FLUSH_EVERY_S and a sample's interval), every one of them."""
+    path = tmp_path / "run.journal"
+    run = Training()
+    writes: list[int] = []
+    with vramscope.track(journal=path) as session:
+        journal_writer = session._journal
+        inner = journal_writer._write_steps
+
+        def counted() -> None:
+            writes.append(len(session._steps.records))
+            inner()
+
+        journal_writer._write_steps = counted
+        for _ in range(40):
+            run.step()
+        stored = [r.index for r in session._steps.records]
+        assert len(stored) >= 40 - 1  # the CPU reads every step
+        assert len(writes) < len(stored) / 2  # a write every few steps, not one each
+        deadline = time.monotonic() + writer.FLUSH_EVERY_S + 2.0
+        while time.monotonic() < deadline:  # the sampler's flush takes the rest
+            written = [s.index for s in read_journal(path).steps]
+            if written == stored:
+                break
+            time.sleep(0.05)
+        assert written == stored
+    assert [s.index for s in read_journal(path).steps] == list(range(40))
 
 
 def test_the_report_from_the_journal_is_the_sessions_own(tmp_path):
@@ -119,6 +152,7 @@ def test_a_long_run_keeps_its_journal_bounded_and_every_step_counted(tmp_path, m
     entries by default): the file never grows past about twice its compacted size, and the
     report made from it counts every step, in order, as the session's own does."""
     monkeypatch.setattr(writer, "COMPACT_AT_BYTES", 32 * 1024)
+    monkeypatch.setattr(writer, "STEP_WRITE_GAP_S", 0.0)  # a write each step: the most lines
     path = tmp_path / "long.journal"
     run = Training()
     session = vramscope.track(journal=path)
@@ -141,6 +175,22 @@ def test_a_long_run_keeps_its_journal_bounded_and_every_step_counted(tmp_path, m
     assert report.phases == own.phases
 
 
+def test_steps_that_waited_for_a_write_are_counted_when_the_step_table_merges_them(tmp_path):
+    """Short steps wait for the next write (STEP_WRITE_GAP_S); a merge of the step table
+    (a long run) can move those not written yet away from its end: each is still written."""
+    path = tmp_path / "merged.journal"
+    run = Training()
+    session = vramscope.track(journal=path)
+    session._steps = StepHistory(capacity=100, head=8)  # merges after ~100 steps, and again
+    with session:
+        for _ in range(600):
+            run.step()
+    report = report_from_journal(read_journal(path))
+    covered = [i for s in report.steps for i in range(s.index, (s.last_index or s.index) + 1)]
+    assert covered == list(range(600))
+    assert sum(s.count for s in report.steps) == 600
+
+
 def test_a_forked_child_never_writes_its_parents_journal(tmp_path):
     path = tmp_path / "run.journal"
     run = Training()
@@ -161,13 +211,18 @@ def test_a_forked_child_never_writes_its_parents_journal(tmp_path):
     assert report_from_journal(journal).steps == session.report().steps
 
 
-def journals_seen(folder: Path, record: list[list[str]]):
-    """A workload whose every batch notes the journals in ``folder`` at that moment."""
+def journals_seen(folder: Path, record: list[list[str]], expect: bool = True):
+    """A workload whose every batch notes the journals in ``folder`` at that moment (one in
+    the private directory is opened on the sampler's thread: ``expect`` waits a second at
+    most for it)."""
 
     def build(batch_size: int, device: torch.device) -> vramscope.Workload:
         run = Training()
 
         def batch():
+            deadline = time.monotonic() + (1.0 if expect else 0.0)
+            while not list(folder.glob("*.journal")) and time.monotonic() < deadline:
+                time.sleep(0.01)
             record.append(sorted(p.name for p in folder.glob("*.journal")))
             return (torch.randn(batch_size, 16),)
 
@@ -193,7 +248,9 @@ def test_measure_journals_as_track_does(tmp_path, monkeypatch):
     assert report_from_journal(read_journal(path)).steps == report.steps
 
     seen.clear()
-    vramscope.measure(journals_seen(private, seen), 2, steps=2, device="cpu", journal=None)
+    vramscope.measure(
+        journals_seen(private, seen, expect=False), 2, steps=2, device="cpu", journal=None
+    )
     assert seen == [[], []]
 
 

@@ -71,14 +71,18 @@ def test_that_fails(vramscope):
 
 
 JOURNALS = """
-import os, pathlib
+import os, pathlib, time
 
-def journals():
-    return sorted(p.name for p in pathlib.Path(os.environ["VRAMSCOPE_STATUS_DIR"]).glob("*.journal"))
+def journals(wait=0.0):
+    folder = pathlib.Path(os.environ["VRAMSCOPE_STATUS_DIR"])
+    deadline = time.monotonic() + wait  # (opened on the sampler's thread)
+    while not list(folder.glob("*.journal")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return sorted(p.name for p in folder.glob("*.journal"))
 
 def test_journaled(vramscope):
     train(1)
-    assert [name.split("-")[0] for name in journals()] == [str(os.getpid())]
+    assert [name.split("-")[0] for name in journals(wait=1.0)] == [str(os.getpid())]
 
 def test_the_journal_is_gone_after_the_test():
     assert journals() == []

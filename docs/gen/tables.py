@@ -702,6 +702,17 @@ def journal_cost(root: Path) -> str:
             "in the journal's code, a stored step (training thread)",
             f"{cost['journal_us_per_step_training_thread']:.0f} µs",
         ],
+        *(
+            [
+                [
+                    "steps that waited, written by the sampler's flush "
+                    f"({cost['sampler_step_flushes']} flushes)",
+                    f"{cost['sampler_step_flush_us']:.0f} µs",
+                ]
+            ]
+            if "sampler_step_flush_us" in cost
+            else []
+        ),
         [
             f"step time with against without, {cost['rounds']} rounds side by side",
             f"{cost['overhead_pct']:+.1f} % (p10..p90 {low:+.1f}..{high:+.1f} %)",
@@ -724,7 +735,9 @@ def journal_cost(root: Path) -> str:
     return block(
         markdown(["the journal on the CPU", "cost"], rows, "lr"),
         f"A {cost['step_us_without'] / 1000:.2f} ms CPU training step, every step stored "
-        f"(the most the journal costs), {measured_on(data['meta'])}, load average "
+        f"(the most the journal costs; a step stored within "
+        f"{1e3 * cost.get('step_write_gap_s', 0.0):.0f} ms of the last write waits for the "
+        f"next), {measured_on(data['meta'])}, load average "
         f"{data['meta']['load_average'][0]:.1f}. " + source("journal_cost_cpu.json"),
     )
 

@@ -6,8 +6,11 @@ What it costs and when it writes:
   allocator; on CUDA with short steps, 1 in 24-64 of them, the steps between folded in when
   the next read comes), the entries it changed go out in one ``write``: a list of its fields
   (see :mod:`vramscope.journal.format`), with the peak, the objects' bytes and the startup
-  figures when they changed. No ``fsync``: a process that dies leaves what it wrote in the
-  kernel's page cache, which is what the journal is for;
+  figures when they changed. Steps stored less than ``STEP_WRITE_GAP_S`` after the last
+  write (the first steps of a short-step run, each read) wait for the next: a later step's,
+  or the sampler's flush, so a launch-bound run's first steps pay a write every few steps,
+  not one each. No ``fsync``: a process that dies leaves what it wrote in the kernel's page
+  cache, which is what the journal is for;
 - **samples**: the sampler's thread appends each timeline sample and writes them every
   ``FLUSH_EVERY_S`` (with the device, once known, and the allocator's OOM counters), and
   a step's write takes those waiting along;
@@ -31,7 +34,6 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,10 @@ from vramscope.journal.files import JournalFile, StatusDirError, private_path
 from vramscope.journal.format import FIELDS, HEADER, SCHEMA, encode_step
 
 FLUSH_EVERY_S = 0.5  # samples reach the file at least this often (twice a second)
+# a step stored sooner than this after the last step write waits for the next write (a later
+# step's, or the sampler's flush within FLUSH_EVERY_S): the first steps of a run of 2 ms
+# steps, each of which reads, write every ten steps or so instead of each
+STEP_WRITE_GAP_S = 0.02
 COMPACT_AT_BYTES = 4 * 1024 * 1024
 SAMPLES_PER_LINE = 1024
 
@@ -95,6 +101,10 @@ class JournalWriter:
         }
         self._samples: list[tuple[Any, ...]] = []
         self._last_flush = 0.0
+        self._steps_at = -STEP_WRITE_GAP_S  # when steps were last written (perf_counter)
+        self._steps_due = False  # a step was stored since then
+        self._newest = -1  # the newest step in the step table at the last step write
+        self._steps_lock = threading.Lock()  # one writer of the step entries at a time
         self._device_written = False
         self._compactions = 0
         self._limit = COMPACT_AT_BYTES
@@ -190,16 +200,38 @@ class JournalWriter:
         changed, and the figures that changed with them (main thread)."""
         if self._dead:
             return
+        now = time.perf_counter()
+        if now - self._steps_at < STEP_WRITE_GAP_S:
+            self._steps_due = True  # the next write takes it along
+            return
         try:
-            self._steps_changed()
+            self._steps_changed(now)
         except Exception as exc:  # never into the user's step
             self._stop(exc)
 
-    def _steps_changed(self) -> None:
+    def _steps_now(self) -> None:
+        """Write what the steps changed since the last write, whenever that was."""
+        try:
+            self._steps_changed(time.perf_counter())
+        except Exception as exc:  # never into the user's run
+            self._stop(exc)
+
+    def _steps_changed(self, now: float) -> None:
+        with self._steps_lock:
+            self._steps_at = now
+            self._steps_due = False
+            self._write_steps()
+
+    def _write_steps(self) -> None:
         out: list[bytes] = []
         entries = self._entries
         t0 = self._t0
-        for record in self._session._steps.tail():
+        steps = self._session._steps
+        newest = steps.last  # (read first: a step stored meanwhile is looked at again)
+        changed = steps.since(self._newest)
+        if newest is not None:
+            self._newest = newest.index if newest.last_index is None else newest.last_index
+        for record in changed:
             stamp = _stamp(record)
             if entries.get(record.index) != stamp:
                 entries[record.index] = stamp
@@ -212,15 +244,6 @@ class JournalWriter:
         if out:
             self._write(b"".join(out))
 
-    def ticking(self, tick: Callable[[Any], None]) -> Callable[[Any], None]:
-        """The sampler's ``on_tick``: each sample into the journal, then ``tick``."""
-
-        def on_tick(sample: Any) -> None:
-            self.on_sample(sample)
-            tick(sample)
-
-        return on_tick
-
     def on_sample(self, sample: tuple[Any, ...]) -> None:
         """A timeline sample (the sampler's thread); written every ``FLUSH_EVERY_S``."""
         if self._dead:
@@ -230,9 +253,22 @@ class JournalWriter:
         if sample[0] - self._last_flush >= FLUSH_EVERY_S:
             self._last_flush = sample[0]
             try:
-                self.flush()
+                if self._steps_due:  # steps that waited: with the samples, in one write
+                    self._flush_steps()
+                else:
+                    self.flush()
             except Exception as exc:  # never stop the sampler
                 self._stop(exc)
+
+    def _flush_steps(self) -> None:
+        """The steps stored since the last step write, from the sampler's thread: a record
+        the run changes while it is read here (a step folded into it) is written again by
+        the next write, as its stamp is read first."""
+        try:
+            self._steps_changed(time.perf_counter())
+        except RuntimeError:  # (a record's phases grew while read): the next flush
+            self._steps_due = True
+        self.flush()
 
     def flush(self) -> None:
         """Write the samples not written yet, the device once known and the allocator's
@@ -290,6 +326,7 @@ class JournalWriter:
         if self._dead:
             return
         s = self._session
+        self._steps_now()  # the steps that waited, before the process may end
         with contextlib.suppress(Exception):
             self._write(self._line("exit", exit=dict(s._exit), oom=s._oom))
 
@@ -300,7 +337,7 @@ class JournalWriter:
         if self._dead:
             return
         s = self._session
-        self.on_steps()
+        self._steps_now()
         self.flush()
         self._write(self._line("end", exit=dict(s._exit), oom=s._oom))
         with self._lock:

@@ -195,11 +195,20 @@ class StepHistory:
             return self._pending
         return self.records[-1] if self.records else None
 
-    def tail(self) -> list[StepRecord]:
-        """The last two entries (those a step that ended can have changed), oldest first."""
+    def since(self, index: int) -> list[StepRecord]:
+        """The entries that hold step ``index`` or a later one, and the pending one, oldest
+        first: what a journal that last wrote when ``index`` was the newest step has not
+        seen as it is now (steps folded into the entry that held it, entries stored since,
+        and those a merge made of them)."""
+        out: list[StepRecord] = []
+        for record in reversed(self.records):
+            out.append(record)
+            if record.index <= index:
+                break
+        out.reverse()
         if self._pending is not None:
-            return [*self.records[-1:], self._pending]
-        return self.records[-2:]
+            out.append(self._pending)
+        return out
 
 
 @dataclass(slots=True)

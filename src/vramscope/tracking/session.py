@@ -193,18 +193,18 @@ class Session(StepBoundaries):
             self._phase_policy != "all"
         ):
             self._phase_reads = ReadSchedule(self._phase_policy)
-        tick = self._tick
-        if self.journal:  # written as the run goes: a report can be made if the process dies
+        if self.journal and self.journal is not True:
+            # written as the run goes: a report can be made if the process dies. A path the
+            # user named is there when this returns; the private directory's (True) is
+            # opened on the sampler's thread, before its first sample
             from vramscope.journal.writer import open_journal
 
             self._journal = open_journal(self, self.journal)
-            if self._journal is not None:
-                tick = self._journal.ticking(tick)
         self._sampler = Sampler(
             self._sample,
             interval_s=self._interval_s,
             capacity=self._capacity,
-            on_tick=tick,
+            on_tick=self._tick,
             on_start=self._start_in_background,
         )
         # the first sample (host memory, NVML's listing) is the thread's, taken at once: the
@@ -214,8 +214,13 @@ class Session(StepBoundaries):
 
     def _start_in_background(self) -> None:
         """What the run need not wait for, on the sampler's thread before its first tick
-        (``stop()`` joins it): the status file ``watch`` reads, and the private directory's
-        journals of runs that died, pruned (never a running process's: not this one's)."""
+        (``stop()`` joins it): the journal in the private directory, the status file
+        ``watch`` reads, and the private directory's journals of runs that died, pruned
+        (never a running process's: not this one's)."""
+        if self.journal is True:
+            from vramscope.journal.writer import open_journal
+
+            self._journal = open_journal(self, True)
         if self._use_status:
             self._status = _open_status(self)
         if self.journal is True:
@@ -429,6 +434,11 @@ class Session(StepBoundaries):
         return (t - self._t0, allocated, reserved, used, rss)
 
     def _tick(self, sample: Sample) -> None:
+        """After each sample (the sampler's thread): into the journal, the phase reads'
+        schedule told of a rise, the status file."""
+        journal = self._journal
+        if journal is not None:
+            journal.on_sample(sample)
         schedule = self._phase_reads
         if (
             schedule is not None
