@@ -740,3 +740,25 @@ def test_modules_deeper_than_depth_place_no_markers_and_count_to_their_ancestor(
     full = rows_by_name(deep)
     assert "blocks.0.fc1" in full
     assert rows["blocks.0"]["activations_bytes"] == full["blocks.0"]["activations_bytes"]
+
+
+def test_a_second_model_of_a_class_the_first_holds_is_found_with_its_weights():
+    """A bare nn.Linear head beside an encoder holding Linears: the head's class is wrapped
+    for the encoder's markers before the head is called, and discovery still finds it (its
+    weights were counted outside every module)."""
+    torch.manual_seed(0)
+    enc = nn.Sequential(nn.Linear(32, 16), nn.ReLU())
+    dec = nn.Linear(16, 32)
+    opt = torch.optim.SGD([*enc.parameters(), *dec.parameters()], lr=1e-3)
+    with vramscope.track(detail="modules", device="cpu") as session:
+        for _ in range(4):
+            x = torch.randn(8, 32)
+            loss = nn.functional.mse_loss(dec(enc(x)), x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    rows = session.report().modules
+    dec_bytes = sum(p.numel() * F32 for p in dec.parameters())
+    roots = [m for m in rows if m["depth"] == 0 and m["class"]]  # (not "outside modules")
+    assert sorted(m["class"] for m in roots) == ["Linear", "Sequential"]
+    assert next(m for m in roots if m["class"] == "Linear")["parameters_bytes"] == dec_bytes

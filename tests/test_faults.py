@@ -342,3 +342,35 @@ def test_the_kernels_oom_killer_is_named(tmp_path):
     last = float(done[-1][2])  # (it died within a step of its last line)
     early = [int(d[3]) for d in done if float(d[2]) <= last - 1.0]
     assert report["peak"]["host_rss_bytes"] >= max(early, default=0)
+
+
+QUICK_STEPS_THEN_OS_EXIT = """
+import os, torch
+torch.manual_seed(0)
+m = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(STEPS):
+    opt.zero_grad()
+    m(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("steps", [5, 200])
+def test_os_exit_right_after_quick_steps_leaves_every_step_that_ended(tmp_path, steps):
+    """Steps of a fraction of a millisecond, each stored within STEP_WRITE_GAP_S of the last
+    write, wait for the next one; os._exit (which unwinds nothing) writes them first: the
+    journal's report has every step that ended (the last one was still open)."""
+    script = tmp_path / "quick.py"
+    script.write_text(QUICK_STEPS_THEN_OS_EXIT.replace("STEPS", str(steps)))
+    proc = subprocess.run(
+        [*RUN, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit"]["source"] == "journal"
+    covered = [
+        i for s in report["steps"] for i in range(s["index"], (s["last_index"] or s["index"]) + 1)
+    ]
+    assert covered == list(range(steps - 1))

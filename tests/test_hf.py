@@ -662,3 +662,34 @@ def test_fit_seq_len_of_generation_searches_the_prompt_on_the_command_line(tiny,
         from vramscope.fit.search import fit_sequence
 
         fit_sequence(f"hf:{tiny['vit-base-patch16-224']}", gpu="h100")
+
+
+@pytest.mark.parametrize(
+    ("spec", "task", "auto"),
+    [
+        ("bert-base/seq=64", "masked-lm", "AutoModelForMaskedLM"),
+        (
+            "bert-base/seq=64/task=sequence-classification",
+            "sequence-classification",
+            "AutoModelForSequenceClassification",
+        ),
+        (
+            "gpt2/task=token-classification",
+            "token-classification",
+            "AutoModelForTokenClassification",
+        ),
+    ],
+)
+def test_a_built_in_name_takes_the_head_its_task_option_names(spec, task, auto):
+    from vramscope.zoo import parse_hf
+
+    _, got_task, got_auto = parse_hf(spec).config()
+    assert (got_task, got_auto) == (task, auto)
+
+
+def test_a_built_in_name_refuses_an_unknown_task_in_one_line():
+    from vramscope.errors import WorkloadError
+    from vramscope.zoo import parse_hf
+
+    with pytest.raises(WorkloadError, match="unknown task 'nonsense'"):
+        parse_hf("gpt2/task=nonsense").config()

@@ -130,6 +130,9 @@ def test_a_journal_in_the_private_directory_is_removed_when_the_session_stops(
     run = Training()
     with vramscope.track() as session:
         run.step()
+        deadline = time.monotonic() + 1.0  # (opened on the sampler's thread)
+        while session._journal is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         path = session._journal.path
         assert path.parent == private and path.name.endswith(".journal")
         assert stat.S_IMODE(private.stat().st_mode) == 0o700

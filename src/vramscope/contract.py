@@ -36,18 +36,53 @@ def normalize_precision(value: str) -> str:
     return text
 
 
+def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers a Workload's ``optimizer`` stands for: itself; each of a list or
+    tuple; or those a wrapper of your own keeps in its attributes (one level down, lists and
+    dicts of them included). ZeroRedundancyOptimizer is a torch optimizer: itself."""
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [optimizer]
+    if isinstance(optimizer, (list, tuple)):
+        return [o for item in optimizer for o in torch_optimizers(item)]
+    found: list[torch.optim.Optimizer] = []
+    for value in vars(optimizer).values() if hasattr(optimizer, "__dict__") else ():
+        items = value.values() if isinstance(value, dict) else value
+        for item in items if isinstance(value, (list, tuple, dict)) else (value,):
+            if isinstance(item, torch.optim.Optimizer) and item not in found:
+                found.append(item)
+    return found
+
+
+def single_optimizer(workload: Workload, what: str) -> torch.optim.Optimizer | None:
+    """The workload's one torch optimizer (None for inference), for ``what`` that rebuilds
+    or changes it; several, or a wrapper of your own, are refused in one line."""
+    optimizer = workload.optimizer
+    if optimizer is None or isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    raise VramscopeError(
+        f"{what} needs the workload's optimizer to be one torch.optim.Optimizer, not "
+        f"{type(optimizer).__name__}"
+    )
+
+
 @dataclass
 class Workload:
     """What to run for one step: the model, optimizer, how to make a batch, and the loss.
 
     ``optimizer=None`` means inference: ``loss`` runs under ``torch.no_grad()`` in eval
-    mode. ``step`` (optional) replaces the standard step entirely.
+    mode. ``optimizer`` may also be a list or tuple of optimizers (a GAN's, or one per
+    parameter group kind: each stepped, then each zeroed) or an object of your own with
+    ``step()`` and ``zero_grad()`` that holds them. ``step`` (optional) replaces the
+    standard step entirely: ``precision`` and ``accumulate`` are then what it does, and
+    overriding them (``--precision``) changes nothing but a note in the report.
     """
 
     model: torch.nn.Module
     batch: Callable[[], Any]
     loss: Callable[..., Any]
-    optimizer: torch.optim.Optimizer | None = None
+    optimizer: Any = None  # torch.optim.Optimizer, a sequence of them, or a wrapper
     precision: str = "32-true"
     accumulate: int = 1
     step: Callable[[], Any] | None = None
@@ -60,16 +95,72 @@ class Workload:
         if int(self.accumulate) < 1:
             raise VramscopeError(f"accumulate must be 1 or more, not {self.accumulate}")
         self.accumulate = int(self.accumulate)
+        if not isinstance(self.model, torch.nn.Module):
+            raise VramscopeError(
+                f"Workload(model=...) must be a torch.nn.Module, not {type(self.model).__name__}"
+                " (wrap a function in a module whose forward calls it)"
+            )
+        for name in ("batch", "loss"):
+            if not callable(getattr(self, name)):
+                raise VramscopeError(
+                    f"Workload({name}=...) must be a function, not "
+                    f"{type(getattr(self, name)).__name__}"
+                )
+        if self.step is not None and not callable(self.step):
+            raise VramscopeError(
+                f"Workload(step=...) must be a function, not {type(self.step).__name__}"
+            )
+        if isinstance(self.optimizer, (list, tuple)):
+            if not self.optimizer:
+                raise VramscopeError(
+                    "Workload(optimizer=[]) is empty: pass None for inference, or the optimizers"
+                )
+            self.optimizer = tuple(self.optimizer)
+        for opt in self.optimizers:
+            if not (
+                callable(getattr(opt, "step", None)) and callable(getattr(opt, "zero_grad", None))
+            ):
+                raise VramscopeError(
+                    f"Workload(optimizer=...): {type(opt).__name__} has no step() and "
+                    "zero_grad(); pass a torch.optim.Optimizer (or several, as a list)"
+                )
 
     @property
     def training(self) -> bool:
         return self.optimizer is not None
 
+    @property
+    def optimizers(self) -> tuple[Any, ...]:
+        """The optimizers as the step calls them: one, or each of a list (none: inference)."""
+        if self.optimizer is None:
+            return ()
+        if isinstance(self.optimizer, tuple):
+            return self.optimizer
+        return (self.optimizer,)
+
     def with_overrides(
         self, precision: str | None = None, accumulate: int | None = None
     ) -> Workload:
-        return replace(
-            self,
-            precision=self.precision if precision is None else normalize_precision(precision),
-            accumulate=self.accumulate if accumulate is None else accumulate,
+        """The workload at another precision or accumulation. A workload with its own
+        ``step`` runs it as written: the values stay its own, and a note says what was
+        asked for and had no effect."""
+        precision = self.precision if precision is None else normalize_precision(precision)
+        accumulate = self.accumulate if accumulate is None else accumulate
+        if self.step is None:
+            return replace(self, precision=precision, accumulate=accumulate)
+        ignored = [
+            f"{flag} {asked}"
+            for flag, asked, own in (
+                ("precision", precision, self.precision),
+                ("accumulate", accumulate, self.accumulate),
+            )
+            if asked != own
+        ]
+        if not ignored:
+            return self
+        note = (
+            f"{' and '.join(ignored)} asked for, not applied: the workload's own step() runs as "
+            f"written (precision {self.precision}, accumulate {self.accumulate}); set them in "
+            "build() or drop step= to use the standard step"
         )
+        return replace(self, meta={**self.meta, "notes": [*self.meta.get("notes", ()), note]})

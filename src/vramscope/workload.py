@@ -21,7 +21,13 @@ from typing import Any
 import torch
 
 from vramscope import examples, zoo
-from vramscope.contract import PRECISIONS, Builder, Workload, normalize_precision
+from vramscope.contract import (
+    PRECISIONS,
+    Builder,
+    Workload,
+    normalize_precision,
+    torch_optimizers,
+)
 from vramscope.errors import VramscopeError, WorkloadError
 
 __all__ = [
@@ -34,6 +40,7 @@ __all__ = [
     "normalize_precision",
     "pick_device",
     "resolve",
+    "torch_optimizers",
 ]
 
 
@@ -127,12 +134,23 @@ class StepRunner:
                 total += float(result)
         if not w.training:
             return _scalar(result)
+        optimizers = w.optimizers
+        for optimizer in optimizers:
+            if self.scaler is None:
+                optimizer.step()
+            elif isinstance(optimizer, torch.optim.Optimizer):
+                self.scaler.step(optimizer)
+            else:  # a wrapper: the scaler steps the optimizers it holds
+                for inner in torch_optimizers(optimizer):
+                    self.scaler.step(inner)
         if self.scaler is not None:
-            self.scaler.step(w.optimizer)
             self.scaler.update()
-        else:
-            w.optimizer.step()
-        w.optimizer.zero_grad(set_to_none=w.meta.get("zero_grad_set_to_none", True))
+        set_to_none = w.meta.get("zero_grad_set_to_none", True)
+        for optimizer in optimizers:
+            if isinstance(optimizer, torch.optim.Optimizer):
+                optimizer.zero_grad(set_to_none=set_to_none)
+            else:  # a wrapper of the user's: its own zero_grad(), as their loop calls it
+                optimizer.zero_grad()
         return total
 
 
@@ -248,6 +266,8 @@ def build_workload(
         raise
     except torch.cuda.OutOfMemoryError:
         raise
+    except SystemExit as exc:  # sys.exit() in build(): one line, not the build's exit code
+        raise WorkloadError(f"building {spec} exited (sys.exit({exc.code!r}))") from None
     except Exception as exc:
         raise WorkloadError(f"building {spec} raised {_where(exc)}") from None
     if not isinstance(workload, Workload):

@@ -283,6 +283,8 @@ class HfSpec:
             return (config, *hf_models.task_of(config, self.options.get("task")))
         class_name, config_kwargs, task = builtin
         config = getattr(_import("transformers", f"hf:{self.model}"), class_name)(**config_kwargs)
+        if self.options.get("task") is not None:  # another head on the built-in shape
+            return (config, *hf_models.task_of(config, self.options["task"]))
         auto = "AutoModelForCausalLM" if task == "causal-lm" else "AutoModelForMaskedLM"
         return config, task, auto
 

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vramscope.contract import single_optimizer
 from vramscope.errors import VramscopeError
 
 LIST, GROUPED = "list", "grouped"
@@ -338,7 +339,7 @@ def apply_expert_parallel(
                 module.num_experts = share
             module.forward = _grouped_forward(module, applied, layer)
     kept = {id(p) for p in model.parameters()}
-    optimizer = workload.optimizer
+    optimizer = single_optimizer(workload, "expert parallelism")
     if optimizer is not None:
         groups = []
         for group in optimizer.param_groups:

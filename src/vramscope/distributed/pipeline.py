@@ -84,6 +84,7 @@ from typing import Any
 
 import torch
 
+from vramscope.contract import single_optimizer
 from vramscope.errors import VramscopeError
 from vramscope.workload import Workload
 
@@ -556,7 +557,7 @@ def apply_pipeline(
             _set_module(model, name, _Elsewhere(module, block=name in blocks))
     from vramscope.distributed.optim import constructor_defaults
 
-    optimizer = workload.optimizer
+    optimizer = single_optimizer(workload, "pipeline parallelism")
     groups = []
     for group in optimizer.param_groups:
         params = [p for p in group["params"] if id(p) in kept]

@@ -61,6 +61,7 @@ from typing import Any
 
 import torch
 
+from vramscope.contract import single_optimizer
 from vramscope.distributed.optim import constructor_defaults
 from vramscope.errors import VramscopeError
 from vramscope.workload import Workload
@@ -667,7 +668,7 @@ def apply_plan(
     if plan.sharded:
         units, unit_class = _apply_fsdp(model, plan, mesh, pin_memory, blocks, experts)
         groups = len(units) + 1
-    optimizer = workload.optimizer
+    optimizer = single_optimizer(workload, "FSDP")
     if optimizer is not None:
         optimizer = type(optimizer)(
             _param_groups(optimizer, (names, dict(model.named_parameters()))),
@@ -695,7 +696,7 @@ def _apply_ddp(
         gradient_as_bucket_view=plan.gradient_as_bucket_view,
         **kwargs,
     )
-    optimizer = workload.optimizer
+    optimizer = single_optimizer(workload, "DDP")
     zero = None
     if plan.strategy == "zero1" and optimizer is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -13,7 +13,7 @@ from vramscope.errors import WorkloadError
 from vramscope.estimate.recorder import Recorder, sparse_parts
 from vramscope.tracking.categories import local_tensor
 from vramscope.tracking.categories import tensors_in as _tensors_in
-from vramscope.workload import Workload
+from vramscope.workload import Workload, torch_optimizers
 
 
 def _apply_order(module: torch.nn.Module) -> Iterator[tuple[torch.Tensor, str]]:
@@ -48,23 +48,48 @@ def _check_device(workload: Workload, spec: str) -> None:
             )
 
 
-def _force_foreach(optimizer: torch.optim.Optimizer | None) -> list[str]:
+def _force_foreach(optimizers: Any) -> list[str]:
     """On CUDA, torch's optimizers pick the foreach implementation by default; fake tensors
-    are not of the types that default checks, so ask for it explicitly."""
+    are not of the types that default checks, so ask for it explicitly (each of a
+    workload's optimizers)."""
     changed: list[str] = []
-    if optimizer is None or "foreach" not in optimizer.defaults:
-        return changed
-    for group in optimizer.param_groups:
-        if (
-            group.get("foreach") is None
-            and not group.get("fused")
-            and not group.get("differentiable")
-        ):
-            group["foreach"] = True
+    for optimizer in torch_optimizers(optimizers):
+        if "foreach" not in optimizer.defaults:
+            continue
+        mine = False
+        for group in optimizer.param_groups:
+            if (
+                group.get("foreach") is None
+                and not group.get("fused")
+                and not group.get("differentiable")
+            ):
+                group["foreach"] = mine = True
+        if mine:
             changed.append(type(optimizer).__name__)
-    if optimizer.defaults.get("foreach") is None and changed:
-        optimizer.defaults["foreach"] = True
+            if optimizer.defaults.get("foreach") is None:
+                optimizer.defaults["foreach"] = True
     return changed
+
+
+def _iterations_at_their_limit(optimizers: Any) -> list[str]:
+    """An optimizer whose step repeats until the values converge (LBFGS: up to ``max_iter``
+    evaluations, keeping ``history_size`` pairs of parameter-sized vectors) stops where the
+    trace's assumed values say it has converged, at once. Its tolerances are set so that it
+    never does: it runs to its iteration limit and fills its history, the most memory it
+    can take. The notes for the report (the objects are the estimate's own)."""
+    notes = []
+    for optimizer in torch_optimizers(optimizers):
+        if not isinstance(optimizer, torch.optim.LBFGS):
+            continue
+        for group in optimizer.param_groups:
+            group["tolerance_grad"] = group["tolerance_change"] = float("-inf")
+        group = optimizer.param_groups[0]
+        notes.append(
+            f"{type(optimizer).__name__}: run to its limit ({group['max_iter']} iterations, "
+            f"a history of {group['history_size']}): when its values converge sooner it takes "
+            "less memory than this"
+        )
+    return notes
 
 
 def _built_state(workload: Workload) -> list[tuple[Any, str]]:
@@ -84,16 +109,15 @@ def _built_state(workload: Workload) -> list[tuple[Any, str]]:
     return ordered
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer | None) -> Iterator[tuple[Any, Any]]:
+def optimizer_state(optimizer: Any) -> Iterator[tuple[Any, Any]]:
     """(parameter, state) of each parameter the optimizer updates: its own state, or that of
     the optimizer it wraps (``ZeroRedundancyOptimizer`` keeps its share's in ``optim``)."""
-    if optimizer is None:
-        return
-    inner = getattr(optimizer, "optim", None)
-    if isinstance(inner, torch.optim.Optimizer) and inner is not optimizer:
-        yield from inner.state.items()
-    else:
-        yield from optimizer.state.items()
+    for one in torch_optimizers(optimizer):  # (several: a list, or a wrapper's)
+        inner = getattr(one, "optim", None)
+        if isinstance(inner, torch.optim.Optimizer) and inner is not one:
+            yield from inner.state.items()
+        else:
+            yield from one.state.items()
 
 
 def _label_persistent(recorder: Recorder, workload: Workload) -> None:

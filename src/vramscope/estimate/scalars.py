@@ -23,6 +23,7 @@ the assumption.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -318,6 +319,8 @@ class DataDependentValues(FakeTensorMode):
         shadow_kwargs = self._shadow_kwargs(kwargs)
         if shadow_args is None and name in _VALUE_FREE and args and small:
             shadow_args = _value_free_args(name, args)
+        if shadow_args is None and name in _COMPARISONS and len(args) == 2 and small:
+            shadow_args = _against_infinity(args)
         if (
             shadow_args is None
             or shadow_kwargs is None
@@ -705,6 +708,28 @@ def _end_of_range(
             end = torch.tensor(high, dtype=value.dtype)
             below = torch.nextafter(end, torch.tensor(low, dtype=value.dtype))
             value.fill_(max(float(below), low))
+
+
+# A comparison with an infinite number has the same answer for every finite value (``x >
+# inf`` is false): an optimizer told never to stop at a tolerance (LBFGS, see
+# ``model_state._iterations_at_their_limit``) is traced so, whatever its values
+_COMPARISONS = frozenset(("gt", "ge", "lt", "le"))
+
+
+def _against_infinity(args: Any) -> tuple[Any, ...] | None:
+    """A comparison's arguments with its tensor stood in for by zeros (finite values), when
+    it compares with an infinite number."""
+    first, other = args
+    if not (
+        isinstance(first, FakeTensor)
+        and isinstance(other, float)
+        and math.isinf(other)
+        and fits_shadow(first)
+    ):
+        return None
+    with no_dispatch():
+        stand_in = torch.zeros(tuple(first.shape), dtype=first.dtype)
+    return (stand_in, other)
 
 
 def _value_free_args(name: str, args: Any) -> tuple[Any, ...] | None:

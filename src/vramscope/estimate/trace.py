@@ -62,6 +62,7 @@ from vramscope.estimate.model_state import (
     _built_state,
     _check_device,
     _force_foreach,
+    _iterations_at_their_limit,
     _label_persistent,
     _module_table,
 )
@@ -517,8 +518,11 @@ class _PhaseListener:
 
 @contextlib.contextmanager
 def _patched_swap(mode: TracingMode) -> Iterator[None]:
-    """``Module._apply`` swaps fake parameters; the fake mode's memo holds weak references to
-    them, which swapping refuses. Drop those memo entries first."""
+    """``Module._apply`` swaps fake parameters (``model.to(device)``, ``.half()``); the fake
+    mode's memo holds weak references to them, which swapping refuses. Drop those memo
+    entries first. A parameter something else still holds (the old ``nn.utils.weight_norm``'s
+    computed weight, a TorchScript module's C++ side) cannot be swapped at all: it changes in
+    place instead, as ``param.data = ...`` changes a real one in ``.to()``."""
     original = torch.utils.swap_tensors
 
     def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
@@ -530,7 +534,15 @@ def _patched_swap(mode: TracingMode) -> Iterator[None]:
             mode.shadows.pop(t, None)
             mode.producers.pop(t, None)
             _forget_constant(mode, t)
-        return original(t1, t2)
+        try:
+            return original(t1, t2)
+        except RuntimeError:
+            if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):
+                raise
+        t1.data = t2  # (the real tensor's behaviour: its storage, dtype and device replaced)
+        t1.fake_device = t2.fake_device
+        t1.constant = t2.constant
+        return None
 
     torch.utils.swap_tensors = swap
     try:
@@ -651,13 +663,27 @@ def _flex_attention_uncompiled() -> Iterator[None]:
 @contextlib.contextmanager
 def _fake_tensor_methods(mode: TracingMode) -> Iterator[None]:
     """Methods of a fake tensor that behave as a real tensor's while tracing: its deep copy,
-    its format, its numpy array."""
+    its format, its numpy array, its pinned host memory."""
     with (
         _fake_constants_deep_copy(),
         scalars.formatted_scalars(),
         scalars.host_arrays(mode),
+        _pinned_host_memory(),
     ):
         yield
+
+
+def _pinned_host_memory() -> contextlib.AbstractContextManager[None]:
+    """``Tensor.pin_memory()`` (``DataLoader(pin_memory=True)``, a batch pinned before
+    ``.to(device, non_blocking=True)``), which fake tensors do not implement: page-locked
+    host memory, none of the device's; the tensor stands for its pinned copy."""
+
+    def pin_memory(self: FakeTensor, *args: Any, **kwargs: Any) -> FakeTensor:
+        if self.device.type != "cpu":
+            raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
+        return self
+
+    return scalars.fake_tensor_method("pin_memory", pin_memory)
 
 
 def _fake_constants_deep_copy() -> contextlib.AbstractContextManager[None]:
@@ -703,11 +729,30 @@ def _compiled_code_runs_eagerly() -> Iterator[None]:
     the step) is not traced: under ``set_stance("force_eager")`` every compiled callable runs
     its original Python code, op by op, as eager PyTorch runs it."""
     set_stance = getattr(torch.compiler, "set_stance", None)
-    if set_stance is None:  # torch < 2.6
+    with (
+        _torchscript_unfused(),
+        set_stance("force_eager") if set_stance else contextlib.nullcontext(),
+    ):
         yield
-        return
-    with set_stance("force_eager"):
+
+
+@contextlib.contextmanager
+def _torchscript_unfused() -> Iterator[None]:
+    """TorchScript (a ``torch.jit.script``'ed module or function) runs op by op too: its
+    fusers would compile CUDA kernels for the emulated device, with no driver to load."""
+    switches = [
+        (torch._C._jit_texpr_fuser_enabled, torch._C._jit_set_texpr_fuser_enabled),
+        (torch._C._jit_can_fuse_on_gpu, torch._C._jit_override_can_fuse_on_gpu),
+        (torch._C._jit_can_fuse_on_cpu, torch._C._jit_override_can_fuse_on_cpu),
+    ]
+    before = [read() for read, _ in switches]
+    for _, write in switches:
+        write(False)
+    try:
         yield
+    finally:
+        for (_, write), value in zip(switches, before, strict=True):
+            write(value)
 
 
 _COMPILED_NOTE = (
@@ -837,6 +882,7 @@ def trace_workload(
             recorder.notes.append(
                 f"{changed[0]}: foreach implementation, as torch picks by default on CUDA"
             )
+        recorder.notes.extend(_iterations_at_their_limit(workload.optimizer))
         names = {
             id(m): (n or type(workload.model).__name__) for n, m in workload.model.named_modules()
         }

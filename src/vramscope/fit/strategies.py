@@ -72,9 +72,7 @@ class Strategy:
             if self.optimizer:
                 workload.optimizer = switch_optimizer(workload, self.optimizer)
             if self.foreach is not None:
-                if workload.optimizer is None:
-                    raise NotApplicable("inference has no optimizer")
-                for group in workload.optimizer.param_groups:
+                for group in _one_optimizer(workload).param_groups:
                     group["foreach"] = self.foreach
                     if "fused" in group:
                         group["fused"] = None if not self.foreach else group["fused"]
@@ -294,11 +292,23 @@ def _checkpoint_forward(block: torch.nn.Module) -> None:
     block.forward = forward  # an instance attribute: nn.Module.__call__ uses it
 
 
-def switch_optimizer(workload: Workload, kind: str) -> torch.optim.Optimizer:
+def _one_optimizer(workload: Workload) -> torch.optim.Optimizer:
+    """The workload's optimizer, for a strategy that changes it: not for inference, nor for
+    several optimizers or a wrapper of the user's (which the strategy cannot rebuild)."""
     if workload.optimizer is None:
         raise NotApplicable("inference has no optimizer")
-    lr = workload.optimizer.param_groups[0].get("lr", 1e-3)
-    params = [p for g in workload.optimizer.param_groups for p in g["params"]]
+    if not isinstance(workload.optimizer, torch.optim.Optimizer):
+        raise NotApplicable(
+            f"the workload's optimizer is {type(workload.optimizer).__name__}, not one "
+            "torch.optim.Optimizer"
+        )
+    return workload.optimizer
+
+
+def switch_optimizer(workload: Workload, kind: str) -> torch.optim.Optimizer:
+    optimizer = _one_optimizer(workload)
+    lr = optimizer.param_groups[0].get("lr", 1e-3)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr)
     if kind == "sgdm":
@@ -317,11 +327,12 @@ def apply_lora(workload: Workload, rank: int) -> None:
 
     if workload.optimizer is None:
         raise NotApplicable("LoRA fine-tuning trains; this workload is inference")
+    optimizer = _one_optimizer(workload)
     if hasattr(workload.model, "peft_config"):
         raise NotApplicable("the model already has LoRA adapters")
     task = task_of_model(workload.model)
     if task is None:
         raise NotApplicable("LoRA here adapts transformers models (hf: specs)")
-    lr = workload.optimizer.param_groups[0].get("lr", 1e-4)
+    lr = optimizer.param_groups[0].get("lr", 1e-4)
     workload.model = lora.with_adapters(workload.model, lora.LoraSettings(rank), task)
     workload.optimizer = lora.adapter_optimizer(workload.model, lr=lr)

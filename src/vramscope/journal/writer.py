@@ -8,8 +8,10 @@ What it costs and when it writes:
   (see :mod:`vramscope.journal.format`), with the peak, the objects' bytes and the startup
   figures when they changed. Steps stored less than ``STEP_WRITE_GAP_S`` after the last
   write (the first steps of a short-step run, each read) wait for the next: a later step's,
-  or the sampler's flush, so a launch-bound run's first steps pay a write every few steps,
-  not one each. No ``fsync``: a process that dies leaves what it wrote in the kernel's page
+  or the sampler's at its next sample (0.1 s; 0.5 s once short steps are read 1 in N), or
+  ``os._exit``'s (wrapped once a journal is open), so a launch-bound run's first steps pay a
+  write every few steps, not one each; a process killed outright (SIGKILL, a segfault) can
+  lose the steps of its last sample interval. No ``fsync``: a process that dies leaves what it wrote in the kernel's page
   cache, which is what the journal is for;
 - **samples**: the sampler's thread appends each timeline sample and writes them every
   ``FLUSH_EVERY_S`` (with the device, once known, and the allocator's OOM counters), and
@@ -35,7 +37,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -45,8 +47,8 @@ from vramscope.journal.format import FIELDS, HEADER, SCHEMA, encode_step
 
 FLUSH_EVERY_S = 0.5  # samples reach the file at least this often (twice a second)
 # a step stored sooner than this after the last step write waits for the next write (a later
-# step's, or the sampler's flush within FLUSH_EVERY_S): the first steps of a run of 2 ms
-# steps, each of which reads, write every ten steps or so instead of each
+# step's, or the sampler's at its next sample): the first steps of a run of 2 ms steps, each
+# of which reads, write every ten steps or so instead of each
 STEP_WRITE_GAP_S = 0.02
 COMPACT_AT_BYTES = 4 * 1024 * 1024
 SAMPLES_PER_LINE = 1024
@@ -63,6 +65,22 @@ def _forget_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
+
+_os_exit = os._exit
+
+
+def _exit_after_the_journals(code: int) -> NoReturn:
+    """``os._exit`` once a journal is open: the steps that waited for a write (and the
+    samples) are written first, as the process ends without unwinding; then torch's own."""
+    for writer in list(_writers):
+        with contextlib.suppress(Exception):
+            writer.before_exit()
+    _os_exit(code)
+
+
+def _watch_os_exit() -> None:
+    if os._exit is _os_exit:
+        os._exit = _exit_after_the_journals
 
 
 def open_journal(session: Any, target: Any) -> JournalWriter | None:
@@ -110,6 +128,7 @@ class JournalWriter:
         self._limit = COMPACT_AT_BYTES
         self._header = self._header_fields()
         _writers.add(self)
+        _watch_os_exit()
         self._write(self._line(HEADER, **self._header))
         session._steps.observer = self.on_steps
 
@@ -250,15 +269,22 @@ class JournalWriter:
             return
         with self._lock:
             self._samples.append(sample)
-        if sample[0] - self._last_flush >= FLUSH_EVERY_S:
+        due = self._steps_due  # steps that waited: at the next sample, with the samples
+        if due or sample[0] - self._last_flush >= FLUSH_EVERY_S:
             self._last_flush = sample[0]
             try:
-                if self._steps_due:  # steps that waited: with the samples, in one write
+                if due:
                     self._flush_steps()
                 else:
                     self.flush()
             except Exception as exc:  # never stop the sampler
                 self._stop(exc)
+
+    def before_exit(self) -> None:
+        """The process ends now (``os._exit``): what waited, written."""
+        if not self._dead:
+            self._steps_now()
+            self.flush()
 
     def _flush_steps(self) -> None:
         """The steps stored since the last step write, from the sampler's thread: a record

@@ -188,8 +188,14 @@ def wrap_class(cls: type, instance: torch.nn.Module | None = None) -> None:
             if _is_compiling():  # first, so dynamo reads nothing of ours
                 return original(self, *args, **kwargs)
             listeners = _LISTENERS
-            if not listeners or (cls not in _MODEL_CLASSES and id(self) not in _INSTANCES):
+            if not listeners:
                 return original(self, *args, **kwargs)
+            if cls not in _MODEL_CLASSES and id(self) not in _INSTANCES:
+                # a module of a class wrapped for another model's markers (a bare
+                # nn.Linear head beside a model holding Linears): discovery still finds it
+                if not _DISCOVERING or not _outside_dynamo(_wanted, self):
+                    return original(self, *args, **kwargs)
+                wrap_class(cls)  # a model's class: its calls are reported from now on
             if _frame_callback() is not None:
                 return _calling_quietly(listeners, self, original, args, kwargs)
             # every listener around the call (at every step of a launch-bound loop: no

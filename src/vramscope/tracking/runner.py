@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import runpy
@@ -29,6 +30,7 @@ from vramscope.workload import (
     build_workload,
     pick_device,
     resolve,
+    torch_optimizers,
 )
 
 
@@ -111,6 +113,7 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
         self._deferring = False  # a signal is being put off (its timer starting)
         self._again = False  # and it came back meanwhile
+        self._pid = os.getpid()  # a forked child (a multiprocessing worker) is not the run
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -131,6 +134,17 @@ class StopSignals:
         self.armed = True
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            # a process the script forked (multiprocessing's pool workers, which their pool
+            # ends with SIGTERM): the handler it had before vramscope's, as without it
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            previous = signal.SIG_DFL if previous is None else previous
+            signal.signal(signum, previous)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+            return
         if self._deferring:
             # the signal sent again came while the timer that sends it was still starting
             # (a loaded machine): send it once more, after that
@@ -198,7 +212,13 @@ def run_script(
         stops.arm()
         try:
             with _watching_spawns(spawned):
-                namespace = runpy.run_path(str(path), run_name="__main__")
+                # as ``python SCRIPT`` runs it: ``__file__`` absolute, ``__builtins__`` the
+                # module (``sys.argv[0]`` stays as typed)
+                namespace = runpy.run_path(
+                    os.path.abspath(path),
+                    init_globals={"__builtins__": builtins},
+                    run_name="__main__",
+                )
         finally:
             stops.armed = False
             _let_collectives_settle(session)  # the script's objects are still alive here
@@ -398,8 +418,8 @@ def measure(
         )
         runner = StepRunner(w, target)
         session.watch(w.model)
-        if w.optimizer is not None:
-            session.watch(w.optimizer)
+        for optimizer in torch_optimizers(w.optimizer):
+            session.watch(optimizer)
         session.mark_built()
         for _ in range(steps):
             losses.append(runner())
