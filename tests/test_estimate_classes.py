@@ -231,6 +231,109 @@ def grouped_experts(batch_size, device):
         offsets = torch.tensor([16, 32, 48, 64], dtype=torch.int32, device=device)
         return torch._grouped_mm(x, m.weight, offs=offsets).sum()
     return _train(model, lambda: (torch.randn(TOKENS, IN, device=device),), loss)
+
+def _wn_net(device, precision=None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.utils.weight_norm(nn.Linear(64, 128)), nn.ReLU(),
+                          nn.Linear(128, 10))   # the old weight_norm: its weight computed
+    return model.to(device)
+
+def old_weight_norm(batch_size, device):
+    return _train(_wn_net(device), _mlp_batch_64(batch_size, device),
+                  lambda m, x, y: F.cross_entropy(m(x), y))
+
+def old_weight_norm_half(batch_size, device):
+    model = _wn_net(device).half()
+    return _train(model, lambda: (torch.randn(batch_size, 64, device=device).half(),
+                                  torch.randint(0, 10, (batch_size,), device=device)),
+                  lambda m, x, y: F.cross_entropy(m(x).float(), y))
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+    def forward(self, x):
+        return x + torch.relu(self.fc(x))
+
+def scripted_blocks(batch_size, device):
+    torch.manual_seed(0)
+    model = nn.Sequential(torch.jit.script(_Block()), torch.jit.script(_Block()),
+                          nn.Linear(64, 10)).to(device)
+    return _train(model, _mlp_batch_64(batch_size, device),
+                  lambda m, x, y: F.cross_entropy(m(x), y))
+
+def pinned_batches(batch_size, device):
+    model = _mlp(device)
+    def batch():
+        x = torch.randn(batch_size, 128).pin_memory().to(device, non_blocking=True)
+        return x, torch.randint(0, 10, (batch_size,)).pin_memory().to(device, non_blocking=True)
+    return _train(model, batch, lambda m, x, y: F.cross_entropy(m(x), y))
+
+def lbfgs(batch_size, device):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 64)).to(device)
+    opt = torch.optim.LBFGS(model.parameters(), history_size=5, max_iter=8)
+    x = torch.randn(batch_size, 64, device=device)
+    def loss(m, x):
+        return F.mse_loss(m(x), x)
+    def step():
+        def closure():
+            opt.zero_grad()
+            value = loss(model, x)
+            value.backward()
+            return value
+        return opt.step(closure)
+    return vramscope.Workload(model=model, optimizer=opt, batch=lambda: (x,), loss=loss,
+                              step=step)
+
+class _Both:
+    # two optimizers behind one step() and zero_grad(), as people write them
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+def _two_part_mlp(device):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
+
+def optimizer_wrapper(batch_size, device):
+    model = _two_part_mlp(device)
+    opt = _Both(torch.optim.AdamW(model[0].parameters()),
+                torch.optim.SGD(model[2].parameters(), lr=0.1, momentum=0.9))
+    return _train(model, _mlp_batch_64(batch_size, device),
+                  lambda m, x, y: F.cross_entropy(m(x), y), opt)
+
+def optimizer_list(batch_size, device):
+    model = _two_part_mlp(device)
+    opts = [torch.optim.AdamW(model[0].parameters()),
+            torch.optim.SGD(model[2].parameters(), lr=0.1, momentum=0.9)]
+    return _train(model, _mlp_batch_64(batch_size, device),
+                  lambda m, x, y: F.cross_entropy(m(x), y), opts)
+
+def own_step(batch_size, device):
+    model = _mlp(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _mlp_batch(batch_size, device)()
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return vramscope.Workload(model=model, optimizer=opt, batch=lambda: (x, y),
+                              loss=lambda m, x, y: F.cross_entropy(m(x), y), step=step)
+
+def exits(batch_size, device):
+    import sys
+    sys.exit(3)
+
+def not_a_module(batch_size, device):
+    return vramscope.Workload(model=lambda x: x, optimizer=None, batch=lambda: (1,),
+                              loss=lambda m, x: m(x))
+
 """
 
 
@@ -401,3 +504,90 @@ def test_grouped_gemm_in_float32_follows_cudas_rules(workloads):
     # 64 tokens x 10 outputs, the rows 16-byte aligned (a stride of 12 float32): the
     # storage ends at the last row's 10th element
     assert ("_grouped_mm.default", (63 * 12 + 10) * 4) in allocations
+
+
+def test_parameters_something_else_holds_change_in_place_under_to(workloads):
+    """The old ``nn.utils.weight_norm`` keeps a weight computed from ``weight_g`` and
+    ``weight_v`` (holding them), which ``Module._apply`` cannot swap under fake tensors: they
+    change in place, as ``param.data = ...`` changes a real one. Float32 and after
+    ``.half()``: the parameters' blocks exactly."""
+    weights = _parameter_blocks(workloads, "old_weight_norm")
+    assert estimate(f"{workloads}:old_weight_norm", 8).categories_at_peak.parameters == weights
+    half = estimate(f"{workloads}:old_weight_norm_half", 8).categories_at_peak.parameters
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("class_workloads", workloads)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    real = module.old_weight_norm_half(2, torch.device("cpu")).model
+    assert half == sum(-(-p.numel() * 2 // 512) * 512 for p in real.parameters())
+
+
+def test_torchscript_modules_are_traced_op_by_op(workloads):
+    """``torch.jit.script``'ed blocks: their fusers would compile kernels for the emulated
+    device; unfused, their parameters and a step are estimated."""
+    report = estimate(f"{workloads}:scripted_blocks", 8)
+    assert report.categories_at_peak.parameters == _parameter_blocks(workloads, "scripted_blocks")
+    assert report.categories_at_peak.gradients > 0
+
+
+def test_pinned_batches_are_host_memory(workloads):
+    """``pin_memory()`` before ``.to(device, non_blocking=True)``: page-locked host memory,
+    none of the device's; the same estimate as the batch made on the device."""
+    pinned = estimate(f"{workloads}:pinned_batches", 8)
+    assert pinned.peak.allocated_bytes == estimate(f"{workloads}:eager_mlp", 8).peak.allocated_bytes
+
+
+def test_lbfgs_runs_to_its_iteration_limit_and_fills_its_history(workloads):
+    """Its convergence checks read values the trace does not have: run to ``max_iter`` (8)
+    with a history of 5 pairs of flat parameter-sized vectors (and its direction, the last
+    gradient), the most memory it can take, and the report says so."""
+    report = estimate(f"{workloads}:lbfgs", 16)
+    flat = (64 * 256 + 256 + 256 * 64 + 64) * 4
+    assert report.categories_at_peak.optimizer_state >= 2 * 5 * flat
+    notes = report.extra["estimate"]["notes"]
+    assert any(
+        n.startswith("LBFGS: run to its limit (8 iterations, a history of 5)") for n in notes
+    )
+
+
+@pytest.mark.parametrize("name", ["optimizer_wrapper", "optimizer_list"])
+def test_several_optimizers_hold_their_state(workloads, name):
+    """Two optimizers, a list of them or a wrapper of the user's with ``step()`` and
+    ``zero_grad()``: AdamW's two moments and a step count on the first layer, SGD's momentum
+    on the last, each labelled optimizer state."""
+    report = estimate(f"{workloads}:{name}", 8)
+    first = 64 * 128 + 128
+    last = 128 * 10 + 10
+
+    def blocks(n: int) -> int:
+        return -(-n * 4 // 512) * 512
+
+    adam = 2 * (blocks(64 * 128) + blocks(128))
+    momentum = blocks(128 * 10) + blocks(10)
+    state = report.categories_at_peak.optimizer_state
+    assert adam + momentum <= state <= adam + momentum + 2 * 512  # (the step counts)
+    assert first and last
+
+
+def test_a_precision_asked_of_a_workload_with_its_own_step_is_said_not_applied(workloads):
+    plain = estimate(f"{workloads}:own_step", 8)
+    asked = estimate(f"{workloads}:own_step", 8, precision="bf16-mixed")
+    assert asked.peak.allocated_bytes == plain.peak.allocated_bytes
+    assert asked.workload["precision"] == "32-true"  # what ran, not what was asked
+    notes = asked.extra["estimate"]["notes"]
+    assert any(n.startswith("precision bf16-mixed asked for, not applied") for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("exits", "exited (sys.exit(3))"),
+        ("not_a_module", "must be a torch.nn.Module, not function"),
+    ],
+)
+def test_a_build_that_exits_or_returns_no_module_is_one_line(workloads, name, message):
+    from vramscope.errors import VramscopeError
+
+    with pytest.raises(VramscopeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        estimate(f"{workloads}:{name}", 8)
