@@ -158,3 +158,49 @@ def test_the_sampler_starts_its_grid_at_a_sample_just_taken():
         assert len(times) == 2 and 0.19 <= times[1] - times[0] <= 0.3
     finally:
         sampler.stop()
+
+
+def _host_run(leak_bytes: int, workers: tuple[int, ...]) -> list:
+    """A real CPU training run, its steps long enough for a host-memory reading each: each
+    step keeps ``leak_bytes`` more (a list of tensors); an epoch per entry of ``workers``,
+    over a DataLoader of that many workers."""
+    import time
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import vramscope
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(96, 16), torch.randint(0, 3, (96,)))
+    model = torch.nn.Linear(16, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kept = []
+    loaders = {
+        n: DataLoader(data, batch_size=8, num_workers=n, persistent_workers=n > 0)
+        for n in set(workers)
+    }
+    with vramscope.track(journal=None) as session:
+        for n in workers:
+            for x, y in loaders[n]:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                if leak_bytes:
+                    kept.append(torch.ones(leak_bytes // 4))
+                time.sleep(0.12)  # a sample of the host's memory in every step
+    return session.report().findings
+
+
+def test_host_memory_kept_by_every_step_is_found_with_its_rate():
+    findings = _host_run(8 * 2**20, workers=(0, 0))
+    growth = next(f for f in findings if f.kind == "host_growth")
+    assert 6 * 2**20 <= growth.data["growth_per_step_bytes"] <= 10 * 2**20
+
+
+def test_dataloader_workers_started_midway_are_not_growth():
+    """A first epoch without workers, then two over a loader of two workers: their memory
+    joins the process tree's at one reading and stays flat, a jump and a plateau that a
+    slope fitted over the steps reads as growth."""
+    findings = _host_run(0, workers=(0, 2, 2))
+    assert "host_growth" not in {f.kind for f in findings}

@@ -127,3 +127,30 @@ def test_a_closure_runs_inside_its_optimizer_step():
     for s in steps:  # each optimizer step with the closure's forwards and backwards in it
         counts = {p.name: p.count for p in s.phases}
         assert counts["optimizer"] == 1 and counts["forward"] == counts["backward"] >= 2
+
+
+def _sgd_by_hand(clear: str) -> vramscope.Session:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 24), nn.Tanh(), nn.Linear(24, 1))
+    with vramscope.track() as session:
+        for _ in range(5):
+            if clear == "zero_grad":
+                model.zero_grad()
+            loss = nn.functional.mse_loss(model(torch.randn(16, 12)), torch.randn(16, 1))
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    if clear == "none":
+                        p.grad = None
+    return session
+
+
+def test_parameters_updated_by_hand_end_a_step_at_each_update():
+    """No optimizer in the run (``p -= lr * p.grad``): a forward after the gradients were
+    cleared (``p.grad = None``), or the gradients zeroed after a backward
+    (``model.zero_grad()``), begins the next step: five steps of one micro-batch, not one
+    step of five (gradient accumulation keeps its gradients and has an optimizer step)."""
+    for clear in ("none", "zero_grad"):
+        steps = _sgd_by_hand(clear).report().steps
+        assert [(s.index, s.micro_batches) for s in steps] == [(i, 1) for i in range(5)], clear

@@ -180,6 +180,17 @@ def find_host_growth(report: Report) -> list[Finding]:
     growth = _slope([float(s.index) for s in tail], [float(s.host_rss_bytes) for s in tail])
     if growth < 4 * MIB:
         return []
+    # growth goes on: each third of the tail above the one before by a good part of what
+    # the slope says. One jump and a plateau (DataLoader workers counted from their first
+    # reading on, a cache filled once) fits a slope too, and is not growth
+    third = len(tail) // 3
+    levels = [
+        statistics.median(float(s.host_rss_bytes) for s in tail[i * third : (i + 1) * third])  # type: ignore[arg-type]
+        for i in range(3)
+    ]
+    span = growth * third / 4
+    if not all(b - a >= span for a, b in itertools.pairwise(levels)):
+        return []
     return [
         Finding(
             "host_growth",

@@ -545,6 +545,14 @@ class Session(StepBoundaries):
                 step.saw_optimizer
                 or (not grad and (step.backwards or key in step.forward_modules))
                 or (grad and step.forwards and not step.grad_forward)
+                # no optimizer in the run (parameters updated by hand, ``p -= lr * p.grad``):
+                # gradients cleared since the backward were used, a new step begins
+                or (
+                    grad
+                    and step.backwards
+                    and not self._optimizers
+                    and not self._grads_live(module)
+                )
             )
         ):
             new_step = True
@@ -632,7 +640,13 @@ class Session(StepBoundaries):
         if not self._running:
             return
         step = self._step
-        new_step = bool(step and step.saw_optimizer and not self._explicit_steps)
+        # a step ends at its optimizer step; with no optimizer in the run (an update by
+        # hand), at the gradients zeroed after its backward
+        new_step = bool(
+            step
+            and (step.saw_optimizer or (step.backwards and not self._optimizers))
+            and not self._explicit_steps
+        )
         if self._phase is not None and self._phase.name == "zero_grad" and not new_step:
             return
         self._transition("zero_grad", new_step=new_step)
