@@ -762,3 +762,32 @@ def test_a_second_model_of_a_class_the_first_holds_is_found_with_its_weights():
     roots = [m for m in rows if m["depth"] == 0 and m["class"]]  # (not "outside modules")
     assert sorted(m["class"] for m in roots) == ["Linear", "Sequential"]
     assert next(m for m in roots if m["class"] == "Linear")["parameters_bytes"] == dec_bytes
+
+
+def test_a_model_trained_on_another_thread_keeps_the_objects_exact_categories():
+    """The CPU's operators are recorded on the thread tracking started in; a training loop
+    in a ``threading.Thread`` makes its gradients and optimizer state elsewhere: the
+    categories are then the objects' (exact), not a split that lost them."""
+    import threading
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(model.parameters())
+
+    def work() -> None:
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+
+    with vramscope.track(detail="modules", device="cpu") as session:
+        session.watch(model, opt)
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    report = session.report()
+    weights = sum(p.numel() * F32 for p in model.parameters())
+    cats = report.categories_at_peak
+    assert (cats.parameters, cats.gradients) == (weights, weights)
+    assert cats.optimizer_state == 2 * weights + 4 * F32  # two moments, a step count each
+    assert cats.activations is None and "a thread other than" in report.categories_note

@@ -149,6 +149,8 @@ def analyze(
         "peak_tensors": _peak_tensors(replay, peak_blocks, categories, names, top),
         "lines": _line_tables(replay, log),
         "notes": list(log.notes) + replay.notes + _marking_notes(log, peak, module_peak),
+        # tensors the objects held that no recorded operator made (another thread's)
+        "census_missed": replay.census_missed,
         "block_labels": _block_labels(replay, names) if labels else None,
         "stats": {
             "records": len(log.records),

@@ -61,7 +61,16 @@ def settle_categories(
     cats: Categories | None = None
     if analysis is not None:
         traced = analysis["peak"]["allocated_bytes"]
-        if analysis["source"] == "cpu-dispatch":
+        if analysis["source"] == "cpu-dispatch" and analysis.get("census_missed"):
+            # the CPU's operators are seen on the thread tracking started in: a model trained
+            # on another thread made its gradients and state where none was recorded
+            notes.append(
+                "the model's tensors were made where the CPU's operators were not recorded "
+                "(a thread other than the one tracking started in): the categories are the "
+                "objects' (parameters, buffers, gradients and optimizer state), the rest not "
+                "split into activations and temporaries"
+            )
+        elif analysis["source"] == "cpu-dispatch":
             cats, source = Categories(**analysis["categories"]), "cpu-dispatch"
             report.categories_note = (
                 "tensor bytes at the highest point of the run, from every storage the CPU "
@@ -90,6 +99,12 @@ def settle_categories(
         cats, source = _split_at_phase_boundaries(report, evidence), "phase-boundaries"
     if cats is None:
         cats = _objects_only(report, evidence)
+        if analysis is not None and analysis.get("census_missed") and not cuda:
+            report.categories_note = (
+                "on the CPU, parameters, buffers, gradients and optimizer state are exact from "
+                "the objects; the model ran on a thread other than the one tracking started "
+                "in, whose operators were not recorded: activations and temporaries unknown"
+            )
     report.categories_at_peak = cats
     report.extra["categories_source"] = source
     if source in ("allocator-trace", "cpu-dispatch"):
