@@ -58,3 +58,19 @@ def test_a_forked_child_ends_on_sigterm_as_without_vramscope(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "child signal 15" in proc.stdout
     assert "stopped by SIGTERM" not in proc.stderr  # the run itself was not stopped
+
+
+@pytest.mark.parametrize(("code", "status"), [("True", 1), ("256", 0), ("-1", 255), ("'no'", 1)])
+def test_sys_exit_keeps_the_status_the_shell_would_see(tmp_path, code, status):
+    import json
+
+    (tmp_path / "script.py").write_text(f"import sys\nsys.exit({code})\n")
+    proc = subprocess.run(
+        [*RUN, "--json", "r.json", "script.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == status, proc.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["exit"]["code"] == status

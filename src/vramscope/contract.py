@@ -36,6 +36,16 @@ def normalize_precision(value: str) -> str:
     return text
 
 
+def exit_status(code: object) -> int:
+    """The process's exit status for ``sys.exit(code)``, as the shell sees it: an integer
+    modulo 256 (``True`` is 1, 256 is 0), None 0, anything else (a message) 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return int(code) % 256
+    return 1
+
+
 def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     """The torch optimizers a Workload's ``optimizer`` stands for: itself; each of a list or
     tuple; or those a wrapper of your own keeps in its attributes (one level down, lists and

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from vramscope.contract import exit_status
 from vramscope.errors import VramscopeError
 from vramscope.journal.supervise import send_to_self
 from vramscope.report.model import Finding, Report
@@ -226,7 +227,7 @@ def run_script(
     except Terminated:
         pass  # recorded below: the signal decides the exit, whatever unwound the script
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = exit_status(exc.code)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
         session.record_exception(exc)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from vramscope.contract import exit_status
 from vramscope.errors import first_line
 from vramscope.report.model import Report
 from vramscope.sources import allocator, nvml
@@ -353,7 +354,7 @@ class Session(StepBoundaries):
             self._exit = {"status": "oom", "code": 1, "error": first_line(exc)}
             self._oom = self._oom_details(exc)
         elif isinstance(exc, SystemExit):
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            code = exit_status(exc.code)
             if code:
                 self._exit = {"status": "error", "code": code, "error": f"exited with {code}"}
         else:
