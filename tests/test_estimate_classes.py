@@ -334,6 +334,20 @@ def not_a_module(batch_size, device):
     return vramscope.Workload(model=lambda x: x, optimizer=None, batch=lambda: (1,),
                               loss=lambda m, x: m(x))
 
+
+def cuda_calls_in_the_step(batch_size, device):
+    model = _mlp(device)
+    noise = torch.Generator(device=device)   # diffusion noise drawn on the device
+    noise.manual_seed(0)
+    side = torch.cuda.Stream()
+    def loss(m, x, y):
+        x = x + torch.randn(x.shape, device=device, generator=noise)
+        x.record_stream(side)
+        summary = torch.cuda.memory_summary()        # a user logging memory in the step
+        assert torch.cuda.memory_stats()["allocated_bytes.all.current"] > 0 and summary
+        return F.cross_entropy(m(x), y)
+    return _train(model, _mlp_batch(batch_size, device), loss)
+
 """
 
 
@@ -591,3 +605,13 @@ def test_a_build_that_exits_or_returns_no_module_is_one_line(workloads, name, me
 
     with pytest.raises(VramscopeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         estimate(f"{workloads}:{name}", 8)
+
+
+def test_cuda_calls_a_step_makes_are_emulated(workloads):
+    """A device generator (``torch.Generator(device="cuda")``), ``record_stream`` and the
+    allocator's tables read in the step: each answered as the emulated device would, and the
+    step estimated as without them plus the noise it draws."""
+    report = estimate(f"{workloads}:cuda_calls_in_the_step", 8)
+    plain = estimate(f"{workloads}:eager_mlp", 8)
+    assert report.categories_at_peak.parameters == plain.categories_at_peak.parameters
+    assert report.peak.allocated_bytes >= plain.peak.allocated_bytes

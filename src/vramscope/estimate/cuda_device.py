@@ -251,6 +251,30 @@ _NATIVE = NativeCudaEmulation()
 # torch.cuda answers as the profiled GPU
 
 
+def _device_generator(generator: type) -> type:
+    """``torch.Generator(device="cuda")``, which would start CUDA: a generator of the host's
+    that says it is the device's (a fake tensor's random values are never drawn from it;
+    the few the trace computes for real are the host's)."""
+
+    class Generator(generator):  # type: ignore[misc,valid-type]
+        def __new__(cls, device: Any = "cpu") -> Any:
+            where = torch.device(device)
+            made = generator.__new__(cls, "cpu" if where.type == "cuda" else device)
+            if where.type == "cuda":
+                made._vramscope_device = torch.device("cuda", where.index or 0)
+            return made
+
+        def __init__(self, device: Any = "cpu") -> None:
+            return None
+
+        @property
+        def device(self) -> torch.device:
+            return getattr(self, "_vramscope_device", None) or generator.device.__get__(self)
+
+    Generator.__name__ = Generator.__qualname__ = "Generator"
+    return Generator
+
+
 class _CudaModulePatches:
     """Replace functions of ``torch.cuda`` that would touch a real device."""
 
@@ -310,6 +334,23 @@ class _CudaModulePatches:
                 return 0.0
 
         default_stream = streams.default
+
+        def memory_stats(*_: Any, **__: Any) -> dict[str, int]:
+            """What the trace has allocated, under the allocator's names for all pools."""
+            stats = {}
+            for kind in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
+                stats[f"{kind}.all.current"] = rec.allocated_bytes
+                stats[f"{kind}.all.peak"] = rec.peak_allocated_bytes
+            return {**stats, "num_alloc_retries": 0, "num_ooms": 0}
+
+        def memory_summary(*_: Any, **__: Any) -> str:
+            mib = 2**20
+            return (
+                f"vramscope estimate on {p.display_name}: {rec.allocated_bytes / mib:.1f} MiB "
+                f"allocated, {rec.peak_allocated_bytes / mib:.1f} MiB at the highest so far "
+                "(the caching allocator's tables exist on a GPU only)"
+            )
+
         values: dict[str, Any] = {
             "is_available": lambda: True,
             "device_count": lambda: 1,
@@ -331,6 +372,8 @@ class _CudaModulePatches:
             "reset_peak_memory_stats": lambda *a, **k: None,
             "reset_max_memory_allocated": lambda *a, **k: None,
             "mem_get_info": lambda *a, **k: (p.total_bytes - rec.allocated_bytes, p.total_bytes),
+            "memory_stats": memory_stats,
+            "memory_summary": memory_summary,
             "manual_seed": lambda *a, **k: None,
             "manual_seed_all": lambda *a, **k: None,
             "seed": lambda *a, **k: None,
@@ -358,6 +401,10 @@ class _CudaModulePatches:
         }
         for name, value in values.items():
             self._set(cuda, name, value)
+        if hasattr(cuda, "memory"):  # (torch.cuda.memory.memory_summary, as imported there)
+            for name in ("memory_stats", "memory_summary"):
+                self._set(cuda.memory, name, values[name])
+        self._set(torch, "Generator", _device_generator(torch.Generator))
         if hasattr(cuda, "graphs"):
             self._set(cuda.graphs, "is_current_stream_capturing", lambda *a, **k: False)
         self._set(cuda.random, "get_rng_state", rng_state)

@@ -669,6 +669,7 @@ def _fake_tensor_methods(mode: TracingMode) -> Iterator[None]:
         scalars.formatted_scalars(),
         scalars.host_arrays(mode),
         _pinned_host_memory(),
+        _streams_recorded(),
     ):
         yield
 
@@ -684,6 +685,17 @@ def _pinned_host_memory() -> contextlib.AbstractContextManager[None]:
         return self
 
     return scalars.fake_tensor_method("pin_memory", pin_memory)
+
+
+def _streams_recorded() -> contextlib.AbstractContextManager[None]:
+    """``Tensor.record_stream(stream)``: on a GPU it keeps a block from reuse until the
+    stream's work is done; the emulated streams' work is always done (allocations here
+    never wait), so it changes nothing."""
+
+    def record_stream(self: FakeTensor, stream: Any) -> None:
+        return None
+
+    return scalars.fake_tensor_method("record_stream", record_stream)
 
 
 def _fake_constants_deep_copy() -> contextlib.AbstractContextManager[None]:
