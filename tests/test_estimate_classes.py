@@ -348,6 +348,40 @@ def cuda_calls_in_the_step(batch_size, device):
         return F.cross_entropy(m(x), y)
     return _train(model, _mlp_batch(batch_size, device), loss)
 
+
+class _LearnedPositions(nn.Module):
+    def __init__(self, positions):
+        super().__init__()
+        self.tokens = nn.Embedding(100, 32)
+        self.positions = nn.Embedding(positions, 32)
+        self.head = nn.Linear(32, 100)
+    def forward(self, ids):
+        where = torch.arange(ids.shape[1], device=ids.device)
+        return self.head(self.tokens(ids) + self.positions(where))
+
+def _positions(batch_size, device, positions, seq, vocab=100):
+    torch.manual_seed(0)
+    model = _LearnedPositions(positions).to(device)
+    return _train(model, lambda: (torch.randint(0, vocab, (batch_size, seq), device=device),),
+                  lambda m, ids: m(ids).logsumexp(-1).mean())
+
+def positions_enough(batch_size, device):
+    return _positions(batch_size, device, 64, 64)
+
+def positions_too_few(batch_size, device):
+    return _positions(batch_size, device, 64, 128)
+
+def ids_past_the_vocabulary(batch_size, device):
+    return _positions(batch_size, device, 64, 32, vocab=1000)
+
+def index_add_of_another_dtype(batch_size, device):
+    model = _mlp(device)
+    def loss(m, x, y):
+        out = m(x)
+        rows = torch.zeros(out.shape, device=device, dtype=torch.float64)
+        return rows.index_add(0, y, out).sum()   # float64 += float32: refused
+    return _train(model, _mlp_batch(batch_size, device), loss)
+
 """
 
 
@@ -615,3 +649,22 @@ def test_cuda_calls_a_step_makes_are_emulated(workloads):
     plain = estimate(f"{workloads}:eager_mlp", 8)
     assert report.categories_at_peak.parameters == plain.categories_at_peak.parameters
     assert report.peak.allocated_bytes >= plain.peak.allocated_bytes
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("positions_too_few", "an embedding of 64 rows looked up with ids from 0 to 127"),
+        ("ids_past_the_vocabulary", "an embedding of 100 rows looked up with ids from"),
+        ("index_add_of_another_dtype", "must have the same scalar type"),
+    ],
+)
+def test_a_step_the_gpu_would_refuse_is_refused(workloads, name, message):
+    """Values and dtypes a GPU's kernel refuses and the fake kernels let pass: learned
+    positions shorter than the sequence, token ids past the vocabulary (their values are the
+    trace's), ``index_add`` of another dtype. Not a "fits" for a step that fails."""
+    from vramscope.estimate.recorder import TraceError
+
+    estimate(f"{workloads}:positions_enough", 2)  # as many positions as tokens: fine
+    with pytest.raises(TraceError, match=message):
+        estimate(f"{workloads}:{name}", 2)

@@ -452,6 +452,33 @@ class DataDependentValues(FakeTensorMode):
             return complex(1.0)
         return 1
 
+    def refuse_invalid(self, name: str, args: Any) -> None:
+        """Arguments a GPU refuses and the fake kernels let pass: an embedding's ids outside
+        its rows (a sequence longer than a model's learned positions, token ids past its
+        vocabulary; the ids' values where the trace has them), ``index_add`` of a source of
+        another dtype. The step fails on the device, so the estimate fails with it."""
+        if name == "embedding":
+            weight, ids = args[0], args[1]
+            shadow = self.shadows.get(ids) if isinstance(ids, FakeTensor) else None
+            if shadow is None or shadow.numel() == 0:
+                return
+            with no_dispatch():
+                low, high = int(shadow.min()), int(shadow.max())
+            rows = weight.shape[0]
+            if low < 0 or high >= rows:
+                raise IndexError(
+                    f"index out of range in self: an embedding of {rows:,} rows looked up "
+                    f"with ids from {low:,} to {high:,} (a sequence longer than the model's "
+                    "positions, or ids past its vocabulary, fail so on the GPU)"
+                )
+        elif name == "index_add" and len(args) >= 4:
+            target, source = args[0], args[3]
+            if isinstance(source, torch.Tensor) and source.dtype != target.dtype:
+                raise RuntimeError(
+                    f"index_add_(): self ({target.dtype}) and source ({source.dtype}) must "
+                    "have the same scalar type (the GPU refuses it; cast the source first)"
+                )
+
     def _note_data_dependent(self, what: str, producer: str | None) -> None:
         where = _user_location()
         if where is None:

@@ -99,6 +99,9 @@ _FAST_KEY_CHECKS = 2  # calls of each op whose fast key is compared with torch's
 _KEY_CHECKED: dict[Any, int] = {}  # op -> calls compared so far
 _LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
 _FUSED_SDP_CHOICE = aten._fused_sdp_choice.default
+# ops whose arguments a GPU refuses by their values or dtypes, which their fake kernels do
+# not check: the estimate refuses them as the step would fail (scalars.refuse_invalid)
+_CHECKED = {aten.embedding.default: "embedding", aten.index_add.default: "index_add"}
 # comparisons that answer one Python bool from the values of whole tensors: computed from
 # the values where the trace has them, else assumed true (validation code passes; an
 # orthogonal parametrization's check of its initial weight)
@@ -334,6 +337,8 @@ class TracingMode(DataDependentValues, FastForeach, FakeTensorMode):
         kwargs = kwargs or {}
         if func is _LOCAL_SCALAR_DENSE:
             return self._scalar(args[0])
+        if func in _CHECKED:
+            self.refuse_invalid(_CHECKED[func], args)
         if func is _FUSED_SDP_CHOICE:
             return kernels.choose_sdpa_backend(self.profile, self.recorder, *args, **kwargs)
         local = self._local
