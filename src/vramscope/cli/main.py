@@ -99,3 +99,7 @@ def main(argv: list[str] | None = None) -> None:
 def _stopped(exc: BaseException) -> None:
     click.echo(f"vramscope: {said(exc)}", err=True)
     sys.exit(signal_of(exc)[1])
+
+
+if __name__ == "__main__":  # python -m vramscope.cli.main, as python -m vramscope
+    main()

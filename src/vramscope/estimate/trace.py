@@ -1038,16 +1038,21 @@ def _explain_step_error(exc: BaseException, spec: str, recorder: Recorder) -> Vr
     from vramscope.workload import _where
 
     where = _where(exc)
-    phase = recorder.phase
+    step = recorder.step
+    # before the first step (the standard step's set-up: the model cast to a -true
+    # precision, ...) the recorder counts steps below 0
+    at = (
+        f"the {recorder.phase} phase of step {step}"
+        if not isinstance(step, int) or step >= 0
+        else "setting up the step"
+    )
     text = str(exc)
     if "Expected all tensors to be on the same device" in text or (
         "device" in text and "cpu" in text and "cuda" in text
     ):
         return WorkloadError(
-            f"tracing {spec} failed in the {phase} phase of step {recorder.step}: {where}; "
+            f"tracing {spec} failed in {at}: {where}; "
             "the workload mixes devices — create every tensor with device=device (the device "
             "build() receives) rather than a fixed one"
         )
-    return TraceError(
-        f"tracing {spec} failed in the {phase} phase of step {recorder.step}: {where}"
-    )
+    return TraceError(f"tracing {spec} failed in {at}: {where}")
