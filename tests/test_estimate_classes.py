@@ -382,6 +382,24 @@ def index_add_of_another_dtype(batch_size, device):
         return rows.index_add(0, y, out).sum()   # float64 += float32: refused
     return _train(model, _mlp_batch(batch_size, device), loss)
 
+
+class _WideInForward(nn.Module):
+    # a forward whose peak is its own: a wide product, freed before backward begins
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+    def forward(self, x):
+        h = torch.relu(self.fc(x))                      # saved for backward
+        with torch.no_grad():  # a statistic of the forward: batch x 256 x 256, freed at once
+            wide = (h.unsqueeze(2) * h.unsqueeze(1)).sum()
+        return h.sum() + 0 * wide
+
+def peak_in_forward(batch_size, device):
+    torch.manual_seed(0)
+    model = _WideInForward().to(device)
+    return _train(model, lambda: (torch.randn(batch_size, 256, device=device),),
+                  lambda m, x: m(x), torch.optim.SGD(model.parameters(), lr=0.1))
+
 """
 
 
@@ -668,3 +686,14 @@ def test_a_step_the_gpu_would_refuse_is_refused(workloads, name, message):
     estimate(f"{workloads}:positions_enough", 2)  # as many positions as tokens: fine
     with pytest.raises(TraceError, match=message):
         estimate(f"{workloads}:{name}", 2)
+
+
+def test_at_a_peak_inside_a_forward_what_backward_will_need_is_activations(workloads):
+    """The peak is the forward's wide product: there, what the forward made and its backward
+    will find alive (the ReLU's output, 64 x 256 floats) is activations, as a measured run's
+    trace labels it by lifetime; the product, freed before backward, a temporary."""
+    report = estimate(f"{workloads}:peak_in_forward", 64)
+    assert report.peak.phase == "forward"
+    cats = report.categories_at_peak
+    assert cats.activations >= 64 * 256 * 4
+    assert cats.temporaries >= 64 * 256 * 256 * 4

@@ -448,6 +448,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
     history: list[tuple[int, int, Any]] = []
     log = history.append
     peak_at = -1  # len(history) at the peak
+    backward_starts: list[tuple[int, int]] = []  # (len(history), step) where a backward began
 
     plans: dict[Any, int] = {}  # a kernel's plan key -> the size of the variant that ran
 
@@ -536,6 +537,7 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
                     )
                     where = (step, phase)
                     if phase == "backward":
+                        backward_starts.append((len(history), step))
                         _mark_activations(
                             sizes, kinds, blocks, mapping, out, step, len(slices) - 1, log
                         )
@@ -608,7 +610,8 @@ def replay_trace(trace: Trace, config: AllocatorConfig, capacity: int, total: in
         out.stable = sim.reserved_bytes == reserved_before if step > last_step else True
     out.simulated_steps = step + 1
     if peak_at >= 0:
-        out.peak_live, out.activations = _state_at(history, peak_at)
+        saved = _saved_later(history, peak_at, backward_starts, out.peak_step)
+        out.peak_live, out.activations = _state_at(history, peak_at, saved)
     out.num_alloc_retries = sim.num_alloc_retries
     out.num_segments = sim.num_segments
     out.reserved_at_end = sim.reserved_bytes
@@ -624,11 +627,34 @@ def _fresh() -> int:
     return _FRESH[0]
 
 
+def _saved_later(
+    history: list[tuple[int, int, Any]],
+    end: int,
+    backward_starts: list[tuple[int, int]],
+    step: int | None,
+) -> set[int]:
+    """The blocks the first backward of ``step`` after the first ``end`` changes found alive
+    (made by its forward and saved for it): at a peak inside a forward, what is already
+    made and will be saved is an activation, as a measured run's trace labels it."""
+    start = next((at for at, s in backward_starts if at >= end and s == step), None)
+    saved: set[int] = set()
+    if start is None:
+        return saved
+    for code, key, value in history[start:]:
+        if code != _KIND or value != "activation":
+            break
+        saved.add(key)
+    return saved
+
+
 def _state_at(
-    history: list[tuple[int, int, Any]], end: int
+    history: list[tuple[int, int, Any]],
+    end: int,
+    saved: set[int] = frozenset(),  # type: ignore[assignment]
 ) -> tuple[dict[int, int], dict[int, str]]:
     """The live blocks (block -> size, in allocation order) and their kinds after the first
-    ``end`` changes of the replay's history."""
+    ``end`` changes of the replay's history; ``saved``: blocks that are activations there
+    though relabelled so only later, where their backward began."""
     live: dict[int, int] = {}
     kind_of: dict[int, str] = {}
     for code, key, value in history[:end]:
@@ -638,7 +664,11 @@ def _state_at(
             live.pop(key, None)
         else:
             kind_of[key] = value
-    return live, {k: kind_of.get(k, "temporary") for k in live}
+    kinds = {k: kind_of.get(k, "temporary") for k in live}
+    for key in saved:
+        if kinds.get(key) in ("temporary", "data"):
+            kinds[key] = "activation"
+    return live, kinds
 
 
 def _open_phase(
