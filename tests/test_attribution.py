@@ -762,6 +762,9 @@ def test_a_second_model_of_a_class_the_first_holds_is_found_with_its_weights():
     roots = [m for m in rows if m["depth"] == 0 and m["class"]]  # (not "outside modules")
     assert sorted(m["class"] for m in roots) == ["Linear", "Sequential"]
     assert next(m for m in roots if m["class"] == "Linear")["parameters_bytes"] == dec_bytes
+    # each model by the name this code calls it: the main one's label, the other's rows
+    assert next(m for m in roots if m["class"] == "Linear")["label"] == "dec"
+    assert {m["name"] for m in rows if m["name"].startswith("enc")} == {"enc", "enc.0", "enc.1"}
 
 
 def test_a_model_trained_on_another_thread_keeps_the_objects_exact_categories():

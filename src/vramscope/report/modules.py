@@ -663,7 +663,7 @@ def _display_name(index: int, table: list[dict[str, Any]], main_root: int) -> st
     root = m.get("root", index)
     if root == main_root or root < 0 or root >= len(table):
         return m.get("name", "")
-    prefix = f"<{table[root].get('class', '?')}>"
+    prefix = table[root].get("label") or f"<{table[root].get('class', '?')}>"
     return f"{prefix}.{m['name']}" if m.get("name") else prefix
 
 
@@ -806,6 +806,8 @@ def _module_rows(
         return {
             "name": names[i],
             "class": m.get("class", "?"),
+            # the model's name in the user's code, for the main model (its name is "")
+            **({"label": m["label"]} if not names[i] and m.get("label") else {}),
             "depth": m.get("depth", 0),
             "parameters_bytes": params[i],
             "buffers_bytes": buffers[i],

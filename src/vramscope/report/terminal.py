@@ -518,6 +518,8 @@ def _module_label(m: dict[str, Any], with_class: bool = True) -> str:
     label = name.rsplit(".", 1)[-1] if depth > 1 else name
     if not name:
         label = _s(m.get("class")) or "model"
+        if m.get("label"):  # the main model, by the name the user's code gives it
+            label = f"{_s(m['label'])} ({label})" if with_class else _s(m["label"])
     elif with_class and m.get("class"):
         label = f"{label} ({_s(m['class'])})"
     return "  " * depth + label

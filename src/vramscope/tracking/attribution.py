@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import sysconfig
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -97,6 +98,58 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
+# frames of code that is not the user's own: vramscope's, torch's, the standard library's
+# and installed packages' (a Trainer's loop)
+_NOT_USERS = tuple(
+    {
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        os.path.dirname(os.path.abspath(torch.__file__)),
+        *(
+            os.path.abspath(path)
+            for key in ("stdlib", "platstdlib", "purelib", "platlib")
+            if (path := sysconfig.get_paths().get(key))
+        ),
+    }
+)
+_CONTAINER_LIMIT = 64  # entries of a dict or list looked through for a model
+
+
+def _bound_name(module: torch.nn.Module) -> str | None:
+    """The name the user's code calls ``module`` by where it calls it (a local or global
+    variable, ``models["enc"]``, ``heads[0]``, ``self.decoder``), found once when a model is
+    first seen: the frames outside vramscope, torch, the standard library and installed
+    packages, the nearest one's names. None when it has none (``self`` calling itself)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_NOT_USERS):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    scopes = [frame.f_locals]
+    if frame.f_globals is not frame.f_locals:
+        scopes.append(frame.f_globals)
+    for scope in scopes:
+        for name, value in list(scope.items()):
+            if name.startswith("__"):
+                continue
+            if value is module:
+                return None if name == "self" else name
+            if isinstance(value, dict) and len(value) <= _CONTAINER_LIMIT:
+                key = next((k for k, v in value.items() if v is module), None)
+                if key is not None:
+                    return f"{name}[{key!r}]"
+            elif isinstance(value, (list, tuple)) and len(value) <= _CONTAINER_LIMIT:
+                at = next((i for i, v in enumerate(value) if v is module), None)
+                if at is not None:
+                    return f"{name}[{at}]"
+        owner = scope.get("self")
+        if owner is not None and owner is not module:
+            attrs = {**getattr(owner, "__dict__", {}), **getattr(owner, "_modules", {})}
+            attr = next((a for a, v in attrs.items() if v is module), None)
+            if attr is not None:
+                return f"self.{attr}"
+    return None
+
+
 class _StorageTracker(TorchDispatchMode):
     """CPU source: each new storage an operator returns is an allocation; its death a free."""
 
@@ -157,6 +210,7 @@ class Recorder:
         self._classes: list[str] = []
         self._codes: list[str | None] = []  # where each module's forward is defined
         self._names: dict[int, tuple[int, str]] = {}  # module -> (root, dotted name)
+        self._labels: dict[int, str] = {}  # root -> the name the user's code gives it
         self._roots: list[int] = []
         self._marked_roots: set[int] = set()  # roots whose modules on_root marked
         self.stack: list[int] = []
@@ -569,6 +623,9 @@ class Recorder:
             return False
         self._roots.append(index)
         self._param_names = None
+        label = _bound_name(module)
+        if label is not None:
+            self._labels[index] = label
         if index not in self._names:
             self._name_tree(module, index)
         if self.device_type == "cuda":
@@ -760,6 +817,7 @@ class Recorder:
                     "parent": parent,
                     "depth": name.count(".") + 1 if name else 0,
                     "code": self._codes[index] if index < len(self._codes) else None,
+                    "label": self._labels.get(index),  # a root: its name in the user's code
                 }
             )
         self._module_table = table

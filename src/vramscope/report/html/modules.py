@@ -161,7 +161,7 @@ def section(report: Report, figures: dict[str, Any]) -> Section | None:
     top = sorted(modules, key=size, reverse=True)[:MAX_MODULE_ROWS]
     rows = []
     for m in top:
-        row = [str(m.get("name") or "(model)")]
+        row = [str(m.get("name") or m.get("label") or "(model)")]
         if show_class:
             row.append(str(m.get("class") or ""))
         if share:
