@@ -147,3 +147,21 @@ def test_the_report_verb_writes_every_export(tmp_path):
     assert out["html"].read_text().startswith("<!DOCTYPE html>")
     assert json.loads(out["trace"].read_text())["traceEvents"]
     assert len(out["csv"].read_text().splitlines()) == 7
+
+
+def test_an_estimates_trace_lays_its_phases_out_in_order_with_their_peaks():
+    """An estimate has no clock: each step's phases in order, a millisecond each, a slice per
+    phase and step, and allocated memory at each phase's peak (the process says so)."""
+    from vramscope.estimate.estimator import estimate
+
+    report = estimate("example:cnn", 4)
+    events = perfetto.trace_events(report)
+    phases = [e for e in events if e["ph"] == "X" and e["cat"] == "phase"]
+    expected = [(p.name, s.index) for s in report.steps for p in s.phases]
+    assert [(e["name"], e["args"]["step"]) for e in phases] == expected
+    assert [e["ts"] for e in phases] == [1000.0 * i for i in range(len(phases))]
+    steps = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert [e["name"] for e in steps] == [f"step {s.index}" for s in report.steps]
+    peaks = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"] == "allocated"]
+    assert max(peaks) == report.peak.allocated_bytes
+    assert "an estimate" in events[0]["args"]["name"]

@@ -37,9 +37,78 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# an estimate has no clock: its steps' phases are laid out in order, each this long
+ESTIMATE_PHASE_US = 1000.0
+
+
+def _estimate_events(report: Report) -> list[dict[str, Any]]:
+    """An estimate's steps and phases in their order, ``ESTIMATE_PHASE_US`` each (it has no
+    time axis), with its allocated and reserved memory at each phase's start and peak."""
+    events: list[dict[str, Any]] = []
+    at = 0.0
+    for step in report.steps:
+        start = at
+        for phase in step.phases:
+            for ts, field in ((at, "start_allocated_bytes"), (at + ESTIMATE_PHASE_US / 2, None)):
+                values = {
+                    "allocated": phase.peak_allocated_bytes
+                    if field is None
+                    else getattr(phase, field),
+                    "reserved": phase.peak_reserved_bytes if field is None else None,
+                }
+                for name, value in values.items():
+                    if _finite(value):
+                        events.append(
+                            {
+                                "ph": "C",
+                                "name": name,
+                                "pid": PID,
+                                "tid": 0,
+                                "ts": ts,
+                                "args": {"bytes": int(value)},
+                            }
+                        )
+            events.append(
+                {
+                    "ph": "X",
+                    "name": phase.name,
+                    "cat": "phase",
+                    "pid": PID,
+                    "tid": TID_PHASES,
+                    "ts": at,
+                    "dur": ESTIMATE_PHASE_US,
+                    "args": {
+                        "step": step.index,
+                        "peak_allocated_bytes": phase.peak_allocated_bytes,
+                        "peak_reserved_bytes": phase.peak_reserved_bytes,
+                    },
+                }
+            )
+            at += ESTIMATE_PHASE_US
+        events.append(
+            {
+                "ph": "X",
+                "name": f"step {step.index}",
+                "cat": "step",
+                "pid": PID,
+                "tid": TID_STEPS,
+                "ts": start,
+                "dur": at - start,
+                "args": {
+                    "peak_allocated_bytes": step.peak_allocated_bytes,
+                    "peak_reserved_bytes": step.peak_reserved_bytes,
+                },
+            }
+        )
+    return events
+
+
 def trace_events(report: Report) -> list[dict[str, Any]]:
-    """Every event of the trace, metadata first."""
+    """Every event of the trace, metadata first. An estimate's (no clock): its steps'
+    phases in order, a millisecond each, and memory at each phase's start and peak."""
     device = report.device.get("name") or report.device.get("type") or "device"
+    if report.kind == "estimated" and not report.timeline.t:
+        device += " (an estimate: its phases in order, 1 ms each, not their durations)"
     events: list[dict[str, Any]] = [
         {
             "ph": "M",
@@ -75,6 +144,8 @@ def trace_events(report: Report) -> list[dict[str, Any]]:
             }
         )
     tl = report.timeline
+    if report.kind == "estimated" and not tl.t:
+        return events + _estimate_events(report)
     for field, name in COUNTERS:
         values = getattr(tl, field)
         for t, v in zip(tl.t, values, strict=False):
