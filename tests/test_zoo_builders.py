@@ -181,3 +181,25 @@ def test_architectures_select_the_speech_auto_classes():
     assert task_of(config) == ("ctc", "AutoModelForCTC")
     config = Wav2Vec2Config(architectures=["Wav2Vec2ForSequenceClassification"])
     assert task_of(config) == ("audio-classification", "AutoModelForAudioClassification")
+
+
+@pytest.mark.parametrize(
+    ("spec", "model", "mode", "options"),
+    [
+        ("gpt2@infer/seq=128", "gpt2", "infer", {"seq": "128"}),
+        ("gpt2/seq=128@infer", "gpt2", "infer", {"seq": "128"}),
+        ("gpt2/seq=64/ckpt@sgd", "gpt2", "sgd", {"seq": "64", "ckpt": ""}),
+    ],
+)
+def test_an_hf_spec_takes_its_mode_first_or_last(spec, model, mode, options):
+    from vramscope.zoo import parse_hf
+
+    parsed = parse_hf(spec)
+    assert (parsed.model, parsed.mode, parsed.options) == (model, mode, options)
+
+
+@pytest.mark.parametrize("spec", ["resnet50@sgd/size=160/ckpt", "resnet50/size=160/ckpt@sgd"])
+def test_a_vision_spec_takes_its_optimizer_first_or_last(spec):
+    from vramscope.zoo import _parse
+
+    assert _parse(spec, "timm") == ("resnet50", "sgd", {"size": "160", "ckpt": ""})

@@ -112,8 +112,12 @@ _WHOLE_NUMBER_OPTIONS = ("size",)
 def _parse(name: str, library: str) -> tuple[str, str, dict[str, str]]:
     """``resnet50@sgd/size=160/ckpt`` → ("resnet50", "sgd", {"size": "160", "ckpt": ""}).
 
-    Every option is checked here, before anything is imported or built."""
+    Every option is checked here, before anything is imported or built. The optimizer may
+    also come last: ``resnet50/ckpt@sgd``."""
     base, *options = name.split("/")
+    if "@" not in base and options and "@" in options[-1]:
+        options[-1], _, mode = options[-1].rpartition("@")
+        base = f"{base}@{mode}"
     model, _, optim = base.partition("@")
     opts: dict[str, str] = {}
     allowed = _OPTIONS[library]
@@ -199,7 +203,14 @@ def timm_builder(name: str) -> Builder:
     def build(batch_size: int, device: torch.device) -> Workload:
         timm = _import("timm", spec)
         try:
-            model = timm.create_model(model_name, pretrained=False)
+            model = None
+            if "size" in opts:  # a vision transformer made for that size, as timm makes it
+                with contextlib.suppress(TypeError):  # (a CNN takes any size, no img_size)
+                    model = timm.create_model(
+                        model_name, pretrained=False, img_size=int(opts["size"])
+                    )
+            if model is None:
+                model = timm.create_model(model_name, pretrained=False)
         except RuntimeError as exc:
             raise WorkloadError(f"timm cannot build {model_name!r}: {exc}") from None
         if not getattr(model, "num_classes", 1000) and hasattr(model, "reset_classifier"):
@@ -321,6 +332,17 @@ def parse_hf(name: str) -> HfSpec:
     itself contain slashes (a Hub id ``org/name``, a path): options are the trailing
     segments whose name is an option, and a path that exists is never split."""
     segments = name.split("/")
+    last, at, trailing = segments[-1].rpartition("@")
+    if len(segments) > 1 and at and trailing in HF_MODES:
+        # the mode written last (``gpt2/seq=128@infer``): where the model's name ends
+        segments[-1] = last
+        head = segments[0] if _model_and_mode(segments[0])[0] in HF_MODELS else None
+        if head is not None and "@" not in head:
+            segments[0] = f"{head}@{trailing}"
+        elif head is None:
+            cut_model, cut_options = _split_options(segments)
+            if "@" not in cut_model:
+                segments = [f"{cut_model}@{trailing}", *cut_options]
     if _model_and_mode(segments[0])[0] in HF_MODELS:
         model_part, options = segments[0], segments[1:]
     else:
