@@ -156,6 +156,31 @@ def test_compare_strategies_estimated():
     assert report.extra["fit"]["recommendation"]["message"]
 
 
+def test_rows_that_run_out_are_compared_by_what_they_need():
+    """Under a budget no row fits: each row's figures, its saving and the closest row are
+    what it needs uncapped (as estimate's verdict says), not the bytes where the capped
+    allocator ran out, which are all about the budget."""
+    from vramscope.estimate.estimator import estimate
+
+    report = compare(
+        ["example:gpt"],
+        batch_size=16,
+        budget="100MiB",
+        strategies=["baseline", "accumulate-x4"],
+        measured=False,
+    )
+    fit = report.extra["fit"]
+    rows = {r["name"]: r for r in fit["strategies"]}
+    assert all(r["runs_out"] and not r["fits"] for r in rows.values())
+    alone = estimate("example:gpt", 16)
+    assert rows["baseline"]["peak"]["reserved_bytes"] == alone.peak.reserved_bytes
+    assert (
+        rows["accumulate-x4"]["peak"]["reserved_bytes"] < rows["baseline"]["peak"]["reserved_bytes"]
+    )
+    assert rows["accumulate-x4"]["saving_pct"]["reserved_bytes"] > 0
+    assert fit["recommendation"]["closest"] == "accumulate-x4"
+
+
 def test_checkpointing_strategy_saves_activations_estimated():
     report = compare(["example:cnn"], batch_size=32, strategies=["checkpointing"], measured=False)
     rows = {r["name"]: r for r in report.extra["fit"]["strategies"]}
@@ -323,3 +348,38 @@ def test_verify_second_jump_uses_the_slope_between_two_measured_trials():
 
     assert _search_from(fits, 200, 4096, predict) == 300
     assert len(trials) <= 4
+
+
+def test_an_accumulation_of_thousands_is_estimated_as_its_first_micro_batches():
+    """From the second micro-batch on each holds what the one before held: 4 traced stand
+    for any number (the same peak as 4), so an effective batch of billions plans at once."""
+    from vramscope.estimate.estimator import estimate
+
+    four = estimate("example:gpt", 4, accumulate=4)
+    many = estimate("example:gpt", 4, accumulate=5000)
+    assert many.peak.allocated_bytes == four.peak.allocated_bytes
+    assert many.peak.reserved_bytes == four.peak.reserved_bytes
+    assert many.workload["accumulate"] == 5000
+    assert any("accumulate 5000: 4 micro-batches" in n for n in many.extra["estimate"]["notes"])
+
+
+def test_accumulation_rows_multiply_the_workloads_own_accumulation(tmp_path):
+    """A workload that accumulates 4 itself: accumulate-x2 halves its micro-batch and
+    accumulates 8, the same effective batch."""
+    from vramscope.fit.search import Estimator, make_target
+    from vramscope.fit.strategies import get_strategy
+
+    (tmp_path / "acc.py").write_text(
+        "import torch, vramscope\n"
+        "def build(batch_size, device):\n"
+        "    model = torch.nn.Linear(16, 16).to(device)\n"
+        "    return vramscope.Workload(model=model, optimizer=torch.optim.SGD(model.parameters()),\n"
+        "        batch=lambda: (torch.randn(batch_size, 16, device=device),),\n"
+        "        loss=lambda m, x: m(x).sum(), accumulate=4)\n"
+    )
+    target = make_target("l4", None, None)
+    used = {}
+    for name in ("baseline", "accumulate-x2"):
+        est = Estimator(f"{tmp_path}/acc.py:build", target, get_strategy(name), None, None, None)
+        used[name] = est.report(8).workload["accumulate"]
+    assert used == {"baseline": 4, "accumulate-x2": 8}

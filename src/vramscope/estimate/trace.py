@@ -23,6 +23,7 @@ mode that joins them and the run of the workload's steps.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import sys
@@ -772,6 +773,11 @@ def _torchscript_unfused() -> Iterator[None]:
             write(value)
 
 
+# micro-batches of an accumulating step traced: from the second on, each holds what the one
+# before held (the gradients exist and are summed in place), so more repeat it exactly; an
+# accumulation of thousands (an effective batch of millions) would otherwise trace them all
+TRACED_MICRO_BATCHES = 4
+
 _COMPILED_NOTE = (
     "{what} is compiled (torch.compile): estimated as its eager original; the compiled "
     "code fuses operations and usually keeps less memory than this"
@@ -797,7 +803,6 @@ def _eager_original(workload: Workload, recorder: Recorder) -> Workload:
         model = model._orig_mod
     if model is workload.model:
         return workload
-    import dataclasses
 
     return dataclasses.replace(workload, model=model)
 
@@ -924,8 +929,17 @@ def trace_workload(
         del params
         if workload.training and 0 < trained < parameters:
             recorder.notes.append(_frozen_note(trained, parameters))
+        traced = workload
+        if workload.step is None and workload.accumulate > TRACED_MICRO_BATCHES:
+            traced = dataclasses.replace(workload, accumulate=TRACED_MICRO_BATCHES)
+            recorder.notes.append(
+                f"accumulate {workload.accumulate}: {TRACED_MICRO_BATCHES} micro-batches a step "
+                "traced; from the second on each holds what the one before held (the "
+                "gradients summed in place), and the rest repeat them"
+            )
         with _step_errors(spec.spec, recorder):
-            runner = StepRunner(workload, CUDA)
+            runner = StepRunner(traced, CUDA)
+        del traced
         _label_persistent(recorder, workload)
         setup_end = len(recorder.events)
         from vramscope.tracking.hooks import GlobalHooks

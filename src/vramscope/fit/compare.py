@@ -114,6 +114,12 @@ def compare(
                 row["peak"] = dict(row["estimated_peak"])
                 # as fit judges a batch: it must not run out, nor (within a margin) run short
                 row["fits"] = est.fits(batch_size)
+                needs = None if row["fits"] else _needs(est, report, batch_size)
+                if needs is not None:
+                    # it runs out: its figures, its saving and the closest row are what it
+                    # needs on a large enough device, not the bytes where it ran out
+                    row["peak"] = needs
+                    row["runs_out"] = True
                 if plan is not None:  # what a rank holds of the model, by strategy
                     cats = report.categories_at_peak
                     row["model_state"] = {
@@ -236,6 +242,24 @@ def _compared(
         strategy = get_strategy(name)
         rows.append((workloads[0], name, strategy, parallel, strategy.description, strategy.cost))
     return rows
+
+
+def _needs(est: Estimator, report: Report, batch_size: int) -> dict[str, Any] | None:
+    """What a row that runs out needs on a device large enough (its peak uncapped); None
+    when it did not run out (it fits within the margin only)."""
+    verdict = report.extra.get("verdict") or {}
+    needs = verdict.get("needs")
+    if isinstance(needs, dict) and needs.get("reserved_bytes"):
+        return {
+            "allocated_bytes": needs.get("allocated_bytes"),
+            "reserved_bytes": needs.get("reserved_bytes"),
+            "device_used_bytes": needs.get("device_used_bytes"),
+        }
+    if est.target.kind == "budget":  # capped at the budget: the same step without the cap
+        uncapped = _peak_dict(est.report(batch_size, capped=False))
+        if (uncapped.get("reserved_bytes") or 0) > (_peak_dict(report).get("reserved_bytes") or 0):
+            return uncapped
+    return None
 
 
 def _savings(rows: list[dict[str, Any]], target: Target) -> None:

@@ -207,7 +207,7 @@ def _strategy_table(section: dict[str, Any], rows: list[dict[str, Any]]) -> Rend
             cells += _peak_cells(r.get("peak"), allocated)
             if saving_column:
                 cells.append(wording.reserved_change(r, rows[0]) if r is not rows[0] else "")
-            cells.append("yes" if r.get("fits") else "no")
+            cells.append("yes" if r.get("fits") else "runs out" if r.get("runs_out") else "no")
             if timed:
                 step = _number(r.get("step_time_s"))
                 cells.append(f"{step * 1000:.0f} ms" if step else "")

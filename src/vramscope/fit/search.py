@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -778,7 +779,14 @@ def fit_sequence(
 def _plans(est: Estimator, effective: int, best: int, target: Target) -> list[dict[str, Any]]:
     """micro-batch × accumulation plans that reach ``effective``, largest micro-batch first."""
     plans = []
-    divisors = [d for d in range(1, effective + 1) if effective % d == 0]
+    divisors = sorted(
+        {
+            d
+            for i in range(1, math.isqrt(effective) + 1)
+            if effective % i == 0
+            for d in (i, effective // i)
+        }
+    )  # (found up to the square root: an effective batch of billions is instant)
     for micro in sorted(divisors, reverse=True):
         if micro > max(best, 1) * 2 and micro != min(divisors, key=lambda d: abs(d - best)):
             continue  # far above what fits: not worth an estimate
@@ -789,7 +797,7 @@ def _plans(est: Estimator, effective: int, best: int, target: Target) -> list[di
                 target,
                 est.strategy,
                 est.precision,
-                (est.accumulate or 1) * steps,
+                steps,  # the plan's own accumulation: micro-batch × steps is the effective batch
                 est.allocator_config,
                 parallel=est.parallel,
             )

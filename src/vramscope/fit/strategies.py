@@ -44,15 +44,17 @@ class Strategy:
         return batch_size // self.accumulate_factor
 
     def accumulate(self, requested: int | None) -> int | None:
-        """The accumulation to run with: the requested one (None: the workload's) × factor."""
-        if self.accumulate_factor == 1:
+        """The accumulation to run with: the requested one × factor; None (the workload's
+        own, which ``wrap`` multiplies by the factor) when none was requested."""
+        if self.accumulate_factor == 1 or requested is None:
             return requested
-        return (requested or 1) * self.accumulate_factor
+        return requested * self.accumulate_factor
 
     def wrap(self, builder: Builder) -> Builder:
         """The builder with this strategy's changes to the built workload applied."""
         if not (
             self.checkpointing
+            or self.accumulate_factor > 1
             or self.optimizer
             or self.foreach is not None
             or self.zero_grad_set_to_none is not None
@@ -65,6 +67,12 @@ class Strategy:
             workload = call_builder(builder, batch_size, device, precision)
             if not isinstance(workload, Workload):
                 return workload  # build_workload reports the wrong type
+            if self.accumulate_factor > 1:
+                if workload.step is not None:
+                    raise NotApplicable("the workload's own step() decides its accumulation")
+                # the same effective batch: the workload's own accumulation, times the factor
+                # (one asked for on the command line replaces it after the build)
+                workload.accumulate *= self.accumulate_factor
             if self.checkpointing:
                 apply_checkpointing(workload.model)
             if self.lora_rank:
