@@ -156,7 +156,7 @@ class Workload:
         asked for and had no effect."""
         precision = self.precision if precision is None else normalize_precision(precision)
         accumulate = self.accumulate if accumulate is None else accumulate
-        if self.step is None:
+        if self.step is None or getattr(self.step, "applies_overrides", False):
             return replace(self, precision=precision, accumulate=accumulate)
         ignored = [
             f"{flag} {asked}"

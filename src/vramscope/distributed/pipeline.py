@@ -592,6 +592,10 @@ class PipelineStep:
     it (see the module's docstring): the rank's forwards and backwards in the schedule's
     order, its receive buffers, the optimizer step."""
 
+    # it runs the standard step's micro-batches itself: --precision and --accumulate apply
+    # to it as to the standard step (Workload.with_overrides)
+    applies_overrides = True
+
     def __init__(self, workload: Workload, layout: StageLayout) -> None:
         self.workload = workload
         self.layout = layout

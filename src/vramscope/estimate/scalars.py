@@ -460,8 +460,8 @@ class DataDependentValues(FakeTensorMode):
         if name == "embedding":
             weight, ids = args[0], args[1]
             shadow = self.shadows.get(ids) if isinstance(ids, FakeTensor) else None
-            if shadow is None or shadow.numel() == 0:
-                return
+            if shadow is None or shadow.numel() == 0 or self.producers.get(ids) in _UNWRITTEN:
+                return  # (values never written: a collective's output, which nothing fills)
             with no_dispatch():
                 low, high = int(shadow.min()), int(shadow.max())
             rows = weight.shape[0]
@@ -736,6 +736,10 @@ def _end_of_range(
             below = torch.nextafter(end, torch.tensor(low, dtype=value.dtype))
             value.fill_(max(float(below), low))
 
+
+# factories whose values are whatever the memory held: a shadow made by one and written by
+# nothing the trace sees (a collective's output buffer) says nothing of the values
+_UNWRITTEN = frozenset(("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"))
 
 # A comparison with an infinite number has the same answer for every finite value (``x >
 # inf`` is false): an optimizer told never to stop at a tolerance (LBFGS, see
