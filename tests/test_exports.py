@@ -165,3 +165,11 @@ def test_an_estimates_trace_lays_its_phases_out_in_order_with_their_peaks():
     peaks = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"] == "allocated"]
     assert max(peaks) == report.peak.allocated_bytes
     assert "an estimate" in events[0]["args"]["name"]
+
+
+def test_an_estimates_csv_leaves_the_times_it_never_measured_empty():
+    from vramscope.estimate.estimator import estimate
+
+    table = list(csv.DictReader(csv_export.render(estimate("example:cnn", 4)).splitlines()))
+    assert table and all(r["duration_s"] == "" and r["start_s"] == "" for r in table)
+    assert all(int(r["peak_allocated_bytes"]) > 0 for r in table)

@@ -204,3 +204,15 @@ def test_dataloader_workers_started_midway_are_not_growth():
     slope fitted over the steps reads as growth."""
     findings = _host_run(0, workers=(0, 2, 2))
     assert "host_growth" not in {f.kind for f in findings}
+
+
+@pytest.mark.parametrize(
+    ("schema", "said"),
+    [("vramscope.demo/1", "vramscope demo's file"), ("vramscope.diff/1", "--diff B")],
+)
+def test_another_vramscope_file_is_named_when_a_report_is_expected(schema, said):
+    from vramscope.errors import VramscopeError
+
+    with pytest.raises(VramscopeError, match="not a vramscope report: this is") as raised:
+        Report.from_dict({"schema": schema})
+    assert said in str(raised.value)

@@ -40,3 +40,12 @@ def test_parse_percent():
     assert parse_percent(0.1) == pytest.approx(0.1)
     with pytest.raises(VramscopeError):
         parse_percent("lots")
+
+
+@pytest.mark.parametrize(
+    ("fraction", "text"), [(0.05, "5%"), (0.015, "1.5%"), (0.5, "50%"), (0.0, "0%")]
+)
+def test_a_margin_is_said_as_it_was_given(fraction, text):
+    from vramscope.units import format_percent
+
+    assert format_percent(fraction) == text

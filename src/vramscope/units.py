@@ -81,6 +81,11 @@ def parse_percent(text: str | float) -> float:
     return value / 100 if match.group(2) or value >= 1 else value
 
 
+def format_percent(fraction: float) -> str:
+    """A fraction as the percentage it was given as: ``0.05`` → ``5%``, ``0.015`` → ``1.5%``."""
+    return f"{round(100 * fraction, 2):g}%"
+
+
 def format_bytes(n: int | float | None, signed: bool = False) -> str:
     """Format a byte count in binary units: ``1.50 GiB``, ``512 B``; ``n/a`` for None."""
     if n is None or (isinstance(n, float) and not math.isfinite(n)):

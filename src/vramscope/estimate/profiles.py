@@ -307,6 +307,7 @@ def get_profile(name: str | GpuProfile) -> GpuProfile:
     if profile is None:
         raise VramscopeError(
             f"unknown GPU {name!r}; known: {', '.join(names())} "
-            "(or give any of them with --memory SIZE to change the total)"
+            "(estimate --memory SIZE gives one of them another total; fit and compare take "
+            "--budget SIZE)"
         )
     return profile

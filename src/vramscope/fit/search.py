@@ -23,7 +23,7 @@ from vramscope.fit.trial import TrialResult, run_trial
 from vramscope.report.model import Finding, Report
 from vramscope.report.words import count, spans
 from vramscope.stops import partial_on_stop
-from vramscope.units import format_bytes, parse_percent, parse_size
+from vramscope.units import format_bytes, format_percent, parse_percent, parse_size
 from vramscope.workload import resolve
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class Target:
         return (
             f"{what} ≤ {format_bytes(self.usable_bytes)} ({format_bytes(self.limit_bytes)} "
             f"{'on ' + (self.gpu_name or self.gpu) if self.kind == 'gpu' else 'budget'}, "
-            f"margin {self.margin:.0%})"
+            f"margin {format_percent(self.margin)})"
         )
 
 

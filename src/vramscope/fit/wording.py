@@ -10,7 +10,7 @@ from typing import Any
 from vramscope.fit.answer import final_answer
 from vramscope.report.freeform import mapping, number, text
 from vramscope.report.words import a, count, plural, ranges, signed_pct
-from vramscope.units import format_bytes
+from vramscope.units import format_bytes, format_percent
 
 
 def _answer(section: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +120,7 @@ def target_line(section: dict[str, Any]) -> str:
     margin = _margin(section)
     limit = format_bytes(number(target.get("limit_bytes")))
     usable = format_bytes(number(target.get("usable_bytes")))
-    kept = f"{margin:.0%} margin kept free" if margin else "no margin"
+    kept = f"{format_percent(margin)} margin kept free" if margin else "no margin"
     if target.get("kind") == "budget":
         gpu = gpu_name(target)
         line = f"fits {a(limit)} budget: reserved ≤ {usable} ({kept}); "
@@ -155,7 +155,7 @@ def method_line(section: dict[str, Any]) -> str:
         trials = number(answer.get("real_trials")) or 0
         return (
             f"verified with {plural(trials, 'real trial')} at the full {limit}; the estimate "
-            f"said {estimated} with the {margin:.0%} margin, {count(without)} without, from "
+            f"said {estimated} with the {format_percent(margin)} margin, {count(without)} without, from "
             f"{estimates}"
         )
     if number(section.get("estimates")) is None:

@@ -39,9 +39,11 @@ def columns(report: Report) -> list[str]:
 def rows(report: Report) -> list[list[object]]:
     """One row per step; empty cells for values that were not measured."""
     names = phase_names(report)
+    # an estimate has no clock: its steps' times were not measured (empty, not 0.0)
+    unmeasured = {"duration_s", "start_s"} if report.kind == "estimated" else set()
     out: list[list[object]] = []
     for step in report.steps:
-        row: list[object] = [getattr(step, c) for c in STEP_COLUMNS]
+        row: list[object] = [None if c in unmeasured else getattr(step, c) for c in STEP_COLUMNS]
         for name in names:
             peaks = [
                 p.peak_allocated_bytes

@@ -19,6 +19,15 @@ from typing import Any
 from vramscope.errors import VramscopeError
 
 SCHEMA = "vramscope.report/1"
+# the other files vramscope writes, for a report's reader that is given one of them
+_OTHER_FILES = {
+    "demo": "vramscope demo's file: its reports are under 'reports' and 'estimates' "
+    "(`vramscope demo --example cnn` writes one report)",
+    "diff": "the comparison `vramscope report A --diff B` wrote: render A and B themselves",
+    "devices": "`vramscope info --json`'s reading of the devices",
+    "journal": "a run's journal: `vramscope report JOURNAL` reads it as a journal",
+    "status": "the status file `vramscope watch` reads",
+}
 
 CATEGORY_NAMES = (
     "parameters",
@@ -302,6 +311,13 @@ class Report:
         if not isinstance(data, dict):
             raise VramscopeError("not a vramscope report: expected a JSON object")
         schema = data.get("schema")
+        if isinstance(schema, str) and schema.startswith("vramscope.") and "/" in schema:
+            kind = schema[len("vramscope.") :].split("/", 1)[0][:20]
+            if kind != "report":  # another file vramscope writes: say which
+                said = _OTHER_FILES.get(kind, f"a vramscope {kind} file")
+                raise VramscopeError(
+                    f"not a vramscope report: this is {said} (schema {schema[:40]})"
+                )
         if not isinstance(schema, str) or not schema.startswith("vramscope.report/"):
             raise VramscopeError("not a vramscope report: the 'schema' key is missing or wrong")
         major = schema.rsplit("/", 1)[-1].split(".")[0]
