@@ -644,6 +644,12 @@ def test_fit_seq_len_answers_the_longest_sequence_that_fits(tiny):
         not p["fits"] for n, p in points.items() if n > section["max_seq_len_without_margin"]
     )
     assert report.findings[0].message.startswith(f"Longest sequence: {best:,} tokens at batch 4; ")
+    assert section["answer"] == {
+        "max_seq_len": best,
+        "source": "estimate",
+        "real_trials": 0,
+        "margin_applied": True,
+    }
 
     capped = fit_sequence(spec, gpu="h100", batch_size=1, max_seq_len=64)
     assert capped.extra["fit"]["max_seq_len"] == 64 and capped.extra["fit"]["capped"]

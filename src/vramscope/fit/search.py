@@ -765,6 +765,13 @@ def fit_sequence(
         # where the cap came from: --max-seq-len, the model's positions, or the default
         cap_from="option" if max_seq_len else "positions" if axis.longest() else "default",
         new_tokens=new or None,
+        # the answer in one place, as a batch-size fit has it (no trials verify a length)
+        answer={
+            "max_seq_len": section.get("max_seq_len"),
+            "source": "estimate",
+            "real_trials": 0,
+            "margin_applied": True,
+        },
     )
     report = est.report(max(found.best, 1))
     if found.best == 0:
