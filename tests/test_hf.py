@@ -699,3 +699,24 @@ def test_a_built_in_name_refuses_an_unknown_task_in_one_line():
 
     with pytest.raises(WorkloadError, match="unknown task 'nonsense'"):
         parse_hf("gpt2/task=nonsense").config()
+
+
+def test_a_config_that_names_a_quantization_is_estimated_unquantized_and_says_so(tmp_path):
+    """A quantized checkpoint's config.json (bitsandbytes 4-bit here): built without its
+    quantization; the report says the weights would take a fraction of these bytes."""
+    import json
+
+    from transformers import LlamaConfig
+
+    from vramscope.estimate.estimator import estimate
+
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256,
+    ).to_dict()  # fmt: skip
+    config["architectures"] = ["LlamaForCausalLM"]
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    report = estimate(f"hf:{tmp_path}/config.json/seq=32", 1)
+    notes = report.extra["estimate"]["notes"]
+    assert any(n.startswith("the config names a quantization (bitsandbytes, 4-bit)") for n in notes)

@@ -497,6 +497,27 @@ def vision_config(config: Any) -> Any:
     return inner if inner is not None else config
 
 
+def quantized_note(config: Any) -> str | None:
+    """A config that names a quantization (``quantization_config``: bitsandbytes, AWQ, GPTQ,
+    FP8; a quantized checkpoint's): the model is built and estimated without it, and the
+    report says so (its weights on a GPU take a fraction of these; the quantized kernels'
+    own buffers are not modelled)."""
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return None
+    fields = quant if isinstance(quant, dict) else getattr(quant, "__dict__", {})
+    method = str(fields.get("quant_method") or "a quantization")[:40]
+    bits = fields.get("bits") or (
+        4 if fields.get("load_in_4bit") else 8 if fields.get("load_in_8bit") else None
+    )
+    what = f"{method}, {bits}-bit" if isinstance(bits, int) else method
+    return (
+        f"the config names a quantization ({what}): estimated as the model unquantized, in "
+        "the precision asked for; its quantized weights take a fraction of these bytes on a "
+        "GPU (4-bit: about a quarter of bfloat16's), and the quantized kernels are not modelled"
+    )
+
+
 def max_positions(config: Any) -> int | None:
     """The longest sequence the model's positions are made for (None: not said)."""
     text = text_config(config)

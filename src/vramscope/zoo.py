@@ -441,9 +441,9 @@ def hf_builder(name: str) -> Builder:
             "config": source.describe(),
             **_shape_meta(shapes, parsed),
         }
-        other = hf_models.other_head_note(config, model)
-        if other is not None:
-            workload.meta.setdefault("notes", []).append(other)
+        for note in (hf_models.other_head_note(config, model), hf_models.quantized_note(config)):
+            if note is not None:
+                workload.meta.setdefault("notes", []).append(note)
         if padded is not None:
             workload.meta["hf"]["pad_token_id"] = padded
             workload.meta.setdefault("notes", []).append(
