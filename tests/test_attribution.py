@@ -762,9 +762,6 @@ def test_a_second_model_of_a_class_the_first_holds_is_found_with_its_weights():
     roots = [m for m in rows if m["depth"] == 0 and m["class"]]  # (not "outside modules")
     assert sorted(m["class"] for m in roots) == ["Linear", "Sequential"]
     assert next(m for m in roots if m["class"] == "Linear")["parameters_bytes"] == dec_bytes
-    # each model by the name this code calls it: the main one's label, the other's rows
-    assert next(m for m in roots if m["class"] == "Linear")["label"] == "dec"
-    assert {m["name"] for m in rows if m["name"].startswith("enc")} == {"enc", "enc.0", "enc.1"}
 
 
 def test_a_model_trained_on_another_thread_keeps_the_objects_exact_categories():
@@ -794,3 +791,39 @@ def test_a_model_trained_on_another_thread_keeps_the_objects_exact_categories():
     assert (cats.parameters, cats.gradients) == (weights, weights)
     assert cats.optimizer_state == 2 * weights + 4 * F32  # two moments, a step count each
     assert cats.activations is None and "a thread other than" in report.categories_note
+
+
+TWO_MODELS_SCRIPT = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+enc = nn.Sequential(nn.Linear(32, 16), nn.ReLU())
+heads = [nn.Linear(16, 32)]
+opt = torch.optim.SGD([*enc.parameters(), *heads[0].parameters()], lr=1e-3)
+for _ in range(3):
+    x = torch.randn(8, 32)
+    loss = nn.functional.mse_loss(heads[0](enc(x)), x)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_each_model_is_named_as_the_script_calls_it(tmp_path):
+    """A script's models by their names in it (``heads[0]``, the main model's label;
+    ``enc``, the other's rows), found where each is first called, its class otherwise."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "two.py").write_text(TWO_MODELS_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vramscope", "run", "-q", "--detail", "modules", "--json",
+         "r.json", "two.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((tmp_path / "r.json").read_text())["modules"]
+    roots = {m["class"]: m for m in rows if m["depth"] == 0 and m["class"]}
+    assert roots["Linear"]["label"] == "heads[0]"  # the main model: the most parameters
+    assert {m["name"] for m in rows if m["name"].startswith("enc")} == {"enc", "enc.0", "enc.1"}

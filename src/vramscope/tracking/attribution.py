@@ -115,38 +115,29 @@ _CONTAINER_LIMIT = 64  # entries of a dict or list looked through for a model
 
 
 def _bound_name(module: torch.nn.Module) -> str | None:
-    """The name the user's code calls ``module`` by where it calls it (a local or global
-    variable, ``models["enc"]``, ``heads[0]``, ``self.decoder``), found once when a model is
-    first seen: the frames outside vramscope, torch, the standard library and installed
-    packages, the nearest one's names. None when it has none (``self`` calling itself)."""
+    """The name the user's code calls ``module`` by (a global variable of the nearest frame
+    outside vramscope, torch, the standard library and installed packages: a script's
+    ``model``, ``models["enc"]``, ``heads[0]``), found once when a model is first seen; None
+    when it has none there. A function's locals are not read: on Python < 3.13 reading them
+    keeps a snapshot of them on the frame, holding the user's tensors alive."""
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_NOT_USERS):
         frame = frame.f_back
     if frame is None:
         return None
-    scopes = [frame.f_locals]
-    if frame.f_globals is not frame.f_locals:
-        scopes.append(frame.f_globals)
-    for scope in scopes:
-        for name, value in list(scope.items()):
-            if name.startswith("__"):
-                continue
-            if value is module:
-                return None if name == "self" else name
-            if isinstance(value, dict) and len(value) <= _CONTAINER_LIMIT:
-                key = next((k for k, v in value.items() if v is module), None)
-                if key is not None:
-                    return f"{name}[{key!r}]"
-            elif isinstance(value, (list, tuple)) and len(value) <= _CONTAINER_LIMIT:
-                at = next((i for i, v in enumerate(value) if v is module), None)
-                if at is not None:
-                    return f"{name}[{at}]"
-        owner = scope.get("self")
-        if owner is not None and owner is not module:
-            attrs = {**getattr(owner, "__dict__", {}), **getattr(owner, "_modules", {})}
-            attr = next((a for a, v in attrs.items() if v is module), None)
-            if attr is not None:
-                return f"self.{attr}"
+    for name, value in list(frame.f_globals.items()):
+        if name.startswith("__"):
+            continue
+        if value is module:
+            return name
+        if isinstance(value, dict) and len(value) <= _CONTAINER_LIMIT:
+            key = next((k for k, v in value.items() if v is module), None)
+            if key is not None:
+                return f"{name}[{key!r}]"
+        elif isinstance(value, (list, tuple)) and len(value) <= _CONTAINER_LIMIT:
+            at = next((i for i, v in enumerate(value) if v is module), None)
+            if at is not None:
+                return f"{name}[{at}]"
     return None
 
 

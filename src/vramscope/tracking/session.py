@@ -547,11 +547,14 @@ class Session(StepBoundaries):
                 or (not grad and (step.backwards or key in step.forward_modules))
                 or (grad and step.forwards and not step.grad_forward)
                 # no optimizer in the run (parameters updated by hand, ``p -= lr * p.grad``):
-                # gradients cleared since the backward were used, a new step begins
+                # this model's gradients, made by a backward of this step, cleared since (they
+                # were used): a new step begins. (Another model's that never had any, a GAN's
+                # generator called after the discriminator's backward, is not this.)
                 or (
                     grad
                     and step.backwards
                     and not self._optimizers
+                    and key in step.forward_modules
                     and not self._grads_live(module)
                 )
             )
