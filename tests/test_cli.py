@@ -180,3 +180,20 @@ def test_run_passes_stdin_stdout_and_stderr_through_to_the_script(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "out: hello\n"
     assert proc.stderr == "err: hello\n"
+
+
+def test_report_refuses_an_output_it_cannot_write_before_printing_anything(capsys):
+    from cli_run import run_cli
+
+    code, out, err = run_cli(
+        capsys,
+        "report",
+        str(Path(__file__).parent / "data" / "report_h200_gpt.json"),
+        "--html",
+        "/nonexistent_dir/x.html",
+    )
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "vramscope: error: cannot write /nonexistent_dir/x.html: folder /nonexistent_dir does "
+        "not exist"
+    ]

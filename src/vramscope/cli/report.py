@@ -104,6 +104,7 @@ def command(
         return
     if path is None:
         raise click.UsageError("give the PATH of a report or a journal (or --list)")
+    check_paths(json_path, html_path, trace_path, csv_path)  # before anything is printed
     report, damaged = load(path)
     if diff_path is None:
         emit(report, json_path, html_path, trace_path, csv_path, quiet)
