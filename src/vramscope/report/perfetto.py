@@ -33,6 +33,14 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
+def _slice(
+    name: str, cat: str, tid: int, ts: float, dur: float, args: dict[str, Any]
+) -> dict[str, Any]:
+    """A complete slice ("ph": "X") on one of the run's tracks."""
+    return {"ph": "X", "name": name, "cat": cat, "pid": PID, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}  # fmt: skip
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -68,38 +76,18 @@ def _estimate_events(report: Report) -> list[dict[str, Any]]:
                                 "args": {"bytes": int(value)},
                             }
                         )
-            events.append(
-                {
-                    "ph": "X",
-                    "name": phase.name,
-                    "cat": "phase",
-                    "pid": PID,
-                    "tid": TID_PHASES,
-                    "ts": at,
-                    "dur": ESTIMATE_PHASE_US,
-                    "args": {
-                        "step": step.index,
-                        "peak_allocated_bytes": phase.peak_allocated_bytes,
-                        "peak_reserved_bytes": phase.peak_reserved_bytes,
-                    },
-                }
-            )
-            at += ESTIMATE_PHASE_US
-        events.append(
-            {
-                "ph": "X",
-                "name": f"step {step.index}",
-                "cat": "step",
-                "pid": PID,
-                "tid": TID_STEPS,
-                "ts": start,
-                "dur": at - start,
-                "args": {
-                    "peak_allocated_bytes": step.peak_allocated_bytes,
-                    "peak_reserved_bytes": step.peak_reserved_bytes,
-                },
+            args = {
+                "step": step.index,
+                "peak_allocated_bytes": phase.peak_allocated_bytes,
+                "peak_reserved_bytes": phase.peak_reserved_bytes,
             }
-        )
+            events.append(_slice(phase.name, "phase", TID_PHASES, at, ESTIMATE_PHASE_US, args))
+            at += ESTIMATE_PHASE_US
+        args = {
+            "peak_allocated_bytes": step.peak_allocated_bytes,
+            "peak_reserved_bytes": step.peak_reserved_bytes,
+        }
+        events.append(_slice(f"step {step.index}", "step", TID_STEPS, start, at - start, args))
     return events
 
 
@@ -181,17 +169,9 @@ def trace_events(report: Report) -> list[dict[str, Any]]:
         start, end = band.get("start_s"), band.get("end_s")
         if not (_finite(start) and _finite(end)):
             continue
+        name, dur = str(band.get("name", "other")), max(0.0, _us(end) - _us(start))
         events.append(
-            {
-                "ph": "X",
-                "name": str(band.get("name", "other")),
-                "cat": "phase",
-                "pid": PID,
-                "tid": TID_PHASES,
-                "ts": _us(start),
-                "dur": max(0.0, _us(end) - _us(start)),
-                "args": {"step": band.get("step")},
-            }
+            _slice(name, "phase", TID_PHASES, _us(start), dur, {"step": band.get("step")})
         )
     for step in report.steps:
         if not _finite(step.start_s) or not step.duration_s:
@@ -210,17 +190,9 @@ def trace_events(report: Report) -> list[dict[str, Any]]:
             if value is not None
         }
         events.append(
-            {
-                "ph": "X",
-                "name": f"step {step.index}",
-                "cat": "step",
-                "pid": PID,
-                "tid": TID_STEPS,
-                "ts": _us(step.start_s),
-                "dur": _us(step.duration_s),
-                "args": args,
-            }
-        )
+            _slice(f"step {step.index}", "step", TID_STEPS, _us(step.start_s),
+                   _us(step.duration_s), args)
+        )  # fmt: skip
     for marker in tl.markers:
         if not _finite(marker.get("t")):
             continue
