@@ -809,21 +809,30 @@ for _ in range(3):
 """
 
 
-def test_each_model_is_named_as_the_script_calls_it(tmp_path):
-    """A script's models by their names in it (``heads[0]``, the main model's label;
-    ``enc``, the other's rows), found where each is first called, its class otherwise."""
+def two_models_rows(tmp_path, prelude: str = "") -> list[dict]:
+    """TWO_MODELS_SCRIPT (after ``prelude``) under ``vramscope run --detail modules``: its
+    module rows."""
     import json
     import subprocess
     import sys
 
-    (tmp_path / "two.py").write_text(TWO_MODELS_SCRIPT)
+    (tmp_path / "two.py").write_text(prelude + TWO_MODELS_SCRIPT)
     proc = subprocess.run(
         [sys.executable, "-m", "vramscope", "run", "-q", "--detail", "modules", "--json",
          "r.json", "two.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads((tmp_path / "r.json").read_text())["modules"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((tmp_path / "r.json").read_text())["modules"]
+
+
+def assert_named_as_the_script_calls_them(rows: list[dict]) -> None:
     roots = {m["class"]: m for m in rows if m["depth"] == 0 and m["class"]}
     assert roots["Linear"]["label"] == "heads[0]"  # the main model: the most parameters
     assert {m["name"] for m in rows if m["name"].startswith("enc")} == {"enc", "enc.0", "enc.1"}
+
+
+def test_each_model_is_named_as_the_script_calls_it(tmp_path):
+    """A script's models by their names in it (``heads[0]``, the main model's label;
+    ``enc``, the other's rows), found where each is first called, its class otherwise."""
+    assert_named_as_the_script_calls_them(two_models_rows(tmp_path))

@@ -231,8 +231,17 @@ def test_a_head_of_another_task_is_estimated_as_its_type_and_says_so(tmp_path):
     )
     workload, _ = _built(f"hf:{folder}/seq=16/task=token-classification", 2, "token-classification")
     assert type(workload.model).__name__ == "BertForTokenClassification"
+    assert not workload.meta.get("notes")  # the head asked for: nothing to say
     with pytest.raises(WorkloadError, match="unknown task 'tagging'"):
         resolve(f"hf:{folder}/seq=16/task=tagging").builder(2, torch.device("cpu"))
+
+
+def test_adapters_on_the_head_the_config_names_are_no_other_head(tiny):
+    """A LoRA fine-tune wraps the causal LM the config names in peft's model: that is the
+    config's head all the same, and no note says otherwise."""
+    workload, _ = _built(f"hf:{tiny['llama-3-8b']}/seq=16/lora=4", 2, "causal-lm")
+    assert type(workload.model).__name__.startswith("PeftModel")
+    assert not any("a head hf: does not build" in n for n in workload.meta.get("notes", []))
 
 
 def test_whisper_is_trained_on_log_mel_frames_and_a_transcript(tmp_path):

@@ -194,6 +194,32 @@ def test_steps_that_waited_for_a_write_are_counted_when_the_step_table_merges_th
     assert sum(s.count for s in report.steps) == 600
 
 
+def test_a_step_the_sampler_could_not_read_is_written_by_the_next_write(tmp_path, monkeypatch):
+    """The sampler's thread writes the steps that waited; a record the run changes while it
+    is read there (encoding it raises) is read again by the next write, with the records
+    before it in the same write: none is lost."""
+    path = tmp_path / "flaky.journal"
+    encode, failed = writer.encode_step, []
+
+    def flaky(record, t0):
+        if record.index == 3 and not failed:
+            failed.append(record.index)
+            raise RuntimeError("dictionary changed size during iteration")
+        return encode(record, t0)
+
+    monkeypatch.setattr(writer, "encode_step", flaky)
+    monkeypatch.setattr(writer, "STEP_WRITE_GAP_S", 60.0)  # every step waits for a flush
+    run = Training()
+    with vramscope.track(journal=path) as session:
+        for _ in range(6):
+            run.step()
+        session._journal._flush_steps()  # (or the sampler's, whichever reads step 3 first)
+        session._journal._flush_steps()
+        assert failed == [3]
+        assert [s.index for s in read_journal(path).steps] == list(range(5))
+    assert [s.index for s in read_journal(path).steps] == list(range(6))
+
+
 def test_a_forked_child_never_writes_its_parents_journal(tmp_path):
     path = tmp_path / "run.journal"
     run = Training()

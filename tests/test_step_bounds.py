@@ -129,14 +129,16 @@ def test_a_closure_runs_inside_its_optimizer_step():
         assert counts["optimizer"] == 1 and counts["forward"] == counts["backward"] >= 2
 
 
-def _sgd_by_hand(clear: str) -> vramscope.Session:
+def sgd_by_hand(clear: str, device: str = "cpu") -> vramscope.Session:
+    """Five steps of SGD written by hand, the gradients cleared as ``clear`` says."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 24), nn.Tanh(), nn.Linear(24, 1))
+    model = nn.Sequential(nn.Linear(12, 24), nn.Tanh(), nn.Linear(24, 1)).to(device)
     with vramscope.track() as session:
         for _ in range(5):
             if clear == "zero_grad":
                 model.zero_grad()
-            loss = nn.functional.mse_loss(model(torch.randn(16, 12)), torch.randn(16, 1))
+            x, y = torch.randn(16, 12, device=device), torch.randn(16, 1, device=device)
+            loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             with torch.no_grad():
                 for p in model.parameters():
@@ -152,5 +154,5 @@ def test_parameters_updated_by_hand_end_a_step_at_each_update():
     (``model.zero_grad()``), begins the next step: five steps of one micro-batch, not one
     step of five (gradient accumulation keeps its gradients and has an optimizer step)."""
     for clear in ("none", "zero_grad"):
-        steps = _sgd_by_hand(clear).report().steps
+        steps = sgd_by_hand(clear).report().steps
         assert [(s.index, s.micro_batches) for s in steps] == [(i, 1) for i in range(5)], clear

@@ -203,3 +203,20 @@ def test_a_vision_spec_takes_its_optimizer_first_or_last(spec):
     from vramscope.zoo import _parse
 
     assert _parse(spec, "timm") == ("resnet50", "sgd", {"size": "160", "ckpt": ""})
+
+
+@pytest.mark.parametrize(
+    ("parse", "spec", "message"),
+    [
+        ("hf", "gpt2@sgd/seq=128@infer", "give the mode once"),
+        ("timm", "resnet50@sgd/size=160@adamw", "give the optimizer once"),
+        ("timm", "resnet50/size=160@lion", "unknown optimizer 'lion'"),
+    ],
+)
+def test_a_mode_given_twice_or_unknown_is_one_line(parse, spec, message):
+    """Never one of two modes dropped without a word."""
+    from vramscope.errors import WorkloadError
+    from vramscope.zoo import _parse, parse_hf
+
+    with pytest.raises(WorkloadError, match=message):
+        parse_hf(spec) if parse == "hf" else _parse(spec, "timm")

@@ -362,7 +362,7 @@ def task_of(config: Any, task: str | None = None) -> tuple[str, str]:
             if arch in _class_names(getattr(modeling_auto, mapping, {})):
                 return task, auto
         if _vision_language(arch):
-            raise WorkloadError(_unsupported(arch))
+            raise WorkloadError(_uncounted(arch, "not an image-text-to-text model of transformers"))
         if not _is_head(arch):  # a class of the model's own code (remote code): its name
             for suffix, task in _SUFFIXES:
                 if arch.endswith(suffix):
@@ -397,12 +397,11 @@ def _vision_language(arch: str) -> bool:
     )
 
 
-def other_head_note(config: Any, model: torch.nn.Module) -> str | None:
-    """A note when the model built is not the class the config names (a head of a task hf:
-    does not build, or ``/task=`` chose another)."""
+def other_head_note(config: Any, built: str | None) -> str | None:
+    """A note when the class built (``built``, before any adapters; None when ``/task=``
+    chose it) is not the head the config names, a head of a task hf: does not build."""
     arch = (getattr(config, "architectures", None) or [None])[0]
-    built = type(model).__name__
-    if not arch or arch == built or not _is_head(arch):
+    if built is None or not arch or arch == built or not _is_head(arch):
         return None
     return (
         f"the config names {arch}, a head hf: does not build for it; estimated as {built}; "
@@ -422,8 +421,6 @@ def _uncounted(arch: str, why: str) -> str:
 
 
 def _unsupported(arch: str) -> str:
-    if _vision_language(arch):
-        return _uncounted(arch, "not an image-text-to-text model of transformers")
     return (
         "hf: builds causal and sequence-to-sequence LMs, masked LMs, text (sequence, token), "
         "image and audio classifiers, semantic segmentation, object detection, question "

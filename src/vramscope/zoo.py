@@ -115,10 +115,13 @@ def _parse(name: str, library: str) -> tuple[str, str, dict[str, str]]:
     Every option is checked here, before anything is imported or built. The optimizer may
     also come last: ``resnet50/ckpt@sgd``."""
     base, *options = name.split("/")
-    if "@" not in base and options and "@" in options[-1]:
-        options[-1], _, mode = options[-1].rpartition("@")
-        base = f"{base}@{mode}"
+    late = None
+    if options:
+        options[-1], late = _late_mode(options[-1], f"{library}:{name}")
     model, _, optim = base.partition("@")
+    if late is not None and optim:
+        raise WorkloadError(f"{library}:{name}: give the optimizer once, NAME@OPT or NAME/...@OPT")
+    optim = optim or late
     opts: dict[str, str] = {}
     allowed = _OPTIONS[library]
     for option in options:
@@ -313,6 +316,20 @@ def _model_and_mode(text: str) -> tuple[str, str]:
     return head, mode
 
 
+def _late_mode(last: str, spec: str) -> tuple[str, str | None]:
+    """The last segment of a spec and the optimizer or mode written after it (``ckpt@sgd``,
+    ``seq=128@infer``), if any; a mode after an option's value must be one."""
+    option, at, mode = last.rpartition("@")
+    if not at:
+        return last, None
+    if mode not in HF_MODES:
+        raise WorkloadError(
+            f"unknown optimizer {mode!r} in {spec!r}; use one of {', '.join(OPTIMIZERS)} "
+            "(hf: also generate)"
+        )
+    return option, mode
+
+
 def _split_options(segments: list[str]) -> tuple[str, list[str]]:
     """A Hub id or a path, and the options after it: the trailing segments that name an
     option or set a value (``NAME=VALUE``), unless a longer prefix is a path that exists."""
@@ -332,23 +349,17 @@ def parse_hf(name: str) -> HfSpec:
     itself contain slashes (a Hub id ``org/name``, a path): options are the trailing
     segments whose name is an option, and a path that exists is never split."""
     segments = name.split("/")
-    last, at, trailing = segments[-1].rpartition("@")
-    if len(segments) > 1 and at and trailing in HF_MODES:
-        # the mode written last (``gpt2/seq=128@infer``): where the model's name ends
-        segments[-1] = last
-        head = segments[0] if _model_and_mode(segments[0])[0] in HF_MODELS else None
-        if head is not None and "@" not in head:
-            segments[0] = f"{head}@{trailing}"
-        elif head is None:
-            cut_model, cut_options = _split_options(segments)
-            if "@" not in cut_model:
-                segments = [f"{cut_model}@{trailing}", *cut_options]
+    late = None
+    if len(segments) > 1:  # the mode written last (``gpt2/seq=128@infer``)
+        segments[-1], late = _late_mode(segments[-1], f"hf:{name}")
     if _model_and_mode(segments[0])[0] in HF_MODELS:
         model_part, options = segments[0], segments[1:]
     else:
         model_part, options = _split_options(segments)
     model, mode = _model_and_mode(model_part)
-    mode = mode or "adamw"
+    if late is not None and mode:
+        raise WorkloadError(f"hf:{name}: give the mode once, NAME@MODE or NAME/...@MODE")
+    mode = mode or late or "adamw"
     if mode not in HF_MODES:
         raise WorkloadError(
             f"unknown optimizer {mode!r}; use one of {', '.join(OPTIMIZERS)} (or generate)"
@@ -422,6 +433,7 @@ def hf_builder(name: str) -> Builder:
             )
         if parsed.generate:
             hf_models.without_end_of_sequence(model)
+        head = None if "task" in opts else type(model).__name__  # (a head asked for: no note)
         if "lora" in opts:
             from vramscope import lora
 
@@ -441,7 +453,7 @@ def hf_builder(name: str) -> Builder:
             "config": source.describe(),
             **_shape_meta(shapes, parsed),
         }
-        for note in (hf_models.other_head_note(config, model), hf_models.quantized_note(config)):
+        for note in (hf_models.other_head_note(config, head), hf_models.quantized_note(config)):
             if note is not None:
                 workload.meta.setdefault("notes", []).append(note)
         if padded is not None:

@@ -104,6 +104,8 @@ def command(
         return
     if path is None:
         raise click.UsageError("give the PATH of a report or a journal (or --list)")
+    if diff_path is not None and (trace_path or csv_path):
+        raise VramscopeError("--trace and --csv export one report; drop them when using --diff")
     check_paths(json_path, html_path, trace_path, csv_path)  # before anything is printed
     report, damaged = load(path)
     if diff_path is None:
@@ -113,9 +115,6 @@ def command(
         return
     if damaged:
         raise VramscopeError(damaged)
-    if trace_path or csv_path:
-        raise VramscopeError("--trace and --csv export one report; drop them when using --diff")
-    check_paths(json_path, html_path)
     from vramscope.report.diff import diff_reports, print_diff, write_html
 
     other, damaged = load(diff_path)

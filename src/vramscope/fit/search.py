@@ -792,10 +792,12 @@ def _plans(est: Estimator, effective: int, best: int, target: Target) -> list[di
             for i in range(1, math.isqrt(effective) + 1)
             if effective % i == 0
             for d in (i, effective // i)
-        }
+        },
+        reverse=True,
     )  # (found up to the square root: an effective batch of billions is instant)
-    for micro in sorted(divisors, reverse=True):
-        if micro > max(best, 1) * 2 and micro != min(divisors, key=lambda d: abs(d - best)):
+    nearest = min(divisors, key=lambda d: abs(d - best))
+    for micro in divisors:
+        if micro > max(best, 1) * 2 and micro != nearest:
             continue  # far above what fits: not worth an estimate
         steps = effective // micro
         with contextlib.suppress(NotApplicable):

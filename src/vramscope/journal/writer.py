@@ -219,42 +219,37 @@ class JournalWriter:
         changed, and the figures that changed with them (main thread)."""
         if self._dead:
             return
-        now = time.perf_counter()
-        if now - self._steps_at < STEP_WRITE_GAP_S:
+        if time.perf_counter() - self._steps_at < STEP_WRITE_GAP_S:
             self._steps_due = True  # the next write takes it along
             return
-        try:
-            self._steps_changed(now)
-        except Exception as exc:  # never into the user's step
-            self._stop(exc)
+        self._steps_now()
 
     def _steps_now(self) -> None:
         """Write what the steps changed since the last write, whenever that was."""
         try:
-            self._steps_changed(time.perf_counter())
+            self._steps_changed()
         except Exception as exc:  # never into the user's run
             self._stop(exc)
 
-    def _steps_changed(self, now: float) -> None:
+    def _steps_changed(self) -> None:
         with self._steps_lock:
-            self._steps_at = now
+            self._steps_at = time.perf_counter()
             self._steps_due = False
             self._write_steps()
 
     def _write_steps(self) -> None:
-        out: list[bytes] = []
-        entries = self._entries
-        t0 = self._t0
+        """The entries changed since the last write, written; what was written is noted only
+        once it is, so that a record that could not be read (its phases grew meanwhile) is
+        read again, with every entry after it, by the next write."""
         steps = self._session._steps
         newest = steps.last  # (read first: a step stored meanwhile is looked at again)
-        changed = steps.since(self._newest)
-        if newest is not None:
-            self._newest = newest.index if newest.last_index is None else newest.last_index
-        for record in changed:
+        out: list[bytes] = []
+        stamps: dict[int, Any] = {}
+        for record in steps.since(self._newest):
             stamp = _stamp(record)
-            if entries.get(record.index) != stamp:
-                entries[record.index] = stamp
-                out.append(self._line("step", v=encode_step(record, t0)))
+            if self._entries.get(record.index) != stamp:
+                out.append(self._line("step", v=encode_step(record, self._t0)))
+                stamps[record.index] = stamp
         with self._lock:
             self._state_lines(out)
             samples, self._samples = self._samples, []  # (in the same write)
@@ -262,6 +257,9 @@ class JournalWriter:
             out.extend(self._sample_lines(samples))
         if out:
             self._write(b"".join(out))
+        self._entries.update(stamps)
+        if newest is not None:
+            self._newest = newest.index if newest.last_index is None else newest.last_index
 
     def on_sample(self, sample: tuple[Any, ...]) -> None:
         """A timeline sample (the sampler's thread); written every ``FLUSH_EVERY_S``."""
@@ -287,11 +285,10 @@ class JournalWriter:
             self.flush()
 
     def _flush_steps(self) -> None:
-        """The steps stored since the last step write, from the sampler's thread: a record
-        the run changes while it is read here (a step folded into it) is written again by
-        the next write, as its stamp is read first."""
+        """The steps stored since the last step write, from the sampler's thread; a record
+        the run changes while it is read here (a step folded into it) waits for the next."""
         try:
-            self._steps_changed(time.perf_counter())
+            self._steps_changed()
         except RuntimeError:  # (a record's phases grew while read): the next flush
             self._steps_due = True
         self.flush()

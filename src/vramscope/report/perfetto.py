@@ -41,6 +41,11 @@ def _slice(
             "args": args}  # fmt: skip
 
 
+def _counter(name: str, ts: float, value: float) -> dict[str, Any]:
+    """One point of a counter track ("ph": "C"), in bytes."""
+    return {"ph": "C", "name": name, "pid": PID, "tid": 0, "ts": ts, "args": {"bytes": int(value)}}
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -57,25 +62,12 @@ def _estimate_events(report: Report) -> list[dict[str, Any]]:
     for step in report.steps:
         start = at
         for phase in step.phases:
-            for ts, field in ((at, "start_allocated_bytes"), (at + ESTIMATE_PHASE_US / 2, None)):
-                values = {
-                    "allocated": phase.peak_allocated_bytes
-                    if field is None
-                    else getattr(phase, field),
-                    "reserved": phase.peak_reserved_bytes if field is None else None,
-                }
-                for name, value in values.items():
-                    if _finite(value):
-                        events.append(
-                            {
-                                "ph": "C",
-                                "name": name,
-                                "pid": PID,
-                                "tid": 0,
-                                "ts": ts,
-                                "args": {"bytes": int(value)},
-                            }
-                        )
+            points = (
+                (at, "allocated", phase.start_allocated_bytes),
+                (at + ESTIMATE_PHASE_US / 2, "allocated", phase.peak_allocated_bytes),
+                (at + ESTIMATE_PHASE_US / 2, "reserved", phase.peak_reserved_bytes),
+            )
+            events += [_counter(name, ts, v) for ts, name, v in points if _finite(v)]
             args = {
                 "step": step.index,
                 "peak_allocated_bytes": phase.peak_allocated_bytes,
@@ -138,16 +130,7 @@ def trace_events(report: Report) -> list[dict[str, Any]]:
         values = getattr(tl, field)
         for t, v in zip(tl.t, values, strict=False):
             if _finite(t) and _finite(v):
-                events.append(
-                    {
-                        "ph": "C",
-                        "name": name,
-                        "pid": PID,
-                        "tid": 0,
-                        "ts": _us(t),
-                        "args": {"bytes": int(v)},
-                    }
-                )
+                events.append(_counter(name, _us(t), v))
     cats = categories_over_time(report)
     if cats is not None:
         for category in CATEGORY_NAMES:
@@ -155,16 +138,7 @@ def trace_events(report: Report) -> list[dict[str, Any]]:
                 continue
             for t, v in zip(cats["t"], cats[category], strict=False):
                 if _finite(t) and _finite(v):
-                    events.append(
-                        {
-                            "ph": "C",
-                            "name": category.replace("_", " "),
-                            "pid": PID,
-                            "tid": 0,
-                            "ts": _us(t),
-                            "args": {"bytes": int(v)},
-                        }
-                    )
+                    events.append(_counter(category.replace("_", " "), _us(t), v))
     for band in tl.phases:
         start, end = band.get("start_s"), band.get("end_s")
         if not (_finite(start) and _finite(end)):
