@@ -204,6 +204,34 @@ def test_strategy_that_does_not_apply_is_skipped_with_its_reason(tmp_path):
     assert "inference has no optimizer" in rows["sgd"]["skipped"]
 
 
+def test_a_list_of_one_optimizer_is_that_optimizer_and_of_two_is_skipped(tmp_path):
+    """``optimizer=[opt]`` is one optimizer to a strategy that rebuilds it; a GAN's two
+    are not, and the row says so."""
+    wl = tmp_path / "lists.py"
+    wl.write_text(
+        "import torch, vramscope\n"
+        "def build(n, batch_size, device):\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1)).to(device)\n"
+        "    opts = [torch.optim.AdamW(m[i].parameters()) for i in range(n)] if n == 2 else\\\n"
+        "        [torch.optim.AdamW(m.parameters())]\n"
+        "    return vramscope.Workload(model=m, optimizer=opts, batch=lambda: torch.randn(\n"
+        "        batch_size, 64, device=device), loss=lambda m, x: m(x).sum())\n"
+        "def one(batch_size, device):\n"
+        "    return build(1, batch_size, device)\n"
+        "def two(batch_size, device):\n"
+        "    return build(2, batch_size, device)\n"
+    )
+    for name, applies in (("one", True), ("two", False)):
+        report = compare([f"{wl}:{name}"], batch_size=4, strategies=["baseline", "sgd"],
+                         measured=False)  # fmt: skip
+        sgd = {r["name"]: r for r in report.extra["fit"]["strategies"]}["sgd"]
+        assert ("skipped" not in sgd) is applies, sgd
+        if not applies:
+            assert (
+                "needs the workload's optimizer to be one torch.optim.Optimizer" in sgd["skipped"]
+            )
+
+
 def test_checkpointing_finds_the_repeated_blocks():
     gpt = ExampleGPT()
     assert len(repeated_blocks(gpt)) == 4

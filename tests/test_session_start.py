@@ -68,6 +68,25 @@ def test_a_session_stopped_at_once_still_prunes_and_leaves_nothing(private):
     assert sorted(p.name for p in private.iterdir()) == []
 
 
+def test_a_journal_that_cannot_open_leaves_the_timeline_going(private, monkeypatch):
+    """What the sampler's thread opens before its first sample failing in a way nobody
+    foresaw: the run's timeline is still sampled, and the report says what failed."""
+    from vramscope.journal import writer
+
+    def broken(session, where):
+        raise ValueError("no journal today")
+
+    monkeypatch.setattr(writer, "open_journal", broken)
+    model = torch.nn.Linear(8, 8)
+    with vramscope.track(interval_s=0.01) as session:
+        deadline = time.monotonic() + 10
+        while len(session._sampler.samples()) < 3 and time.monotonic() < deadline:
+            model(torch.randn(2, 8)).sum().backward()
+    report = session.report()
+    assert len(report.timeline.t) >= 3
+    assert report.extra["sampler"]["error"] == "starting: ValueError: no journal today"
+
+
 def test_a_process_that_exits_right_after_track_returns_leaves_its_report_whole(tmp_path):
     out = tmp_path / "report.json"
     folder = tmp_path / "private"

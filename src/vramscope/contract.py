@@ -65,13 +65,18 @@ def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     return found
 
 
-def single_optimizer(workload: Workload, what: str) -> torch.optim.Optimizer | None:
-    """The workload's one torch optimizer (None for inference), for ``what`` that rebuilds
-    or changes it; several, or a wrapper of your own, are refused in one line."""
+def single_optimizer(
+    workload: Workload, what: str, error: type[VramscopeError] = VramscopeError
+) -> torch.optim.Optimizer | None:
+    """The workload's one torch optimizer (None for inference; a list of one is that one),
+    for ``what`` that rebuilds or changes it; several, or a wrapper of your own, are refused
+    in one line (an ``error``)."""
     optimizer = workload.optimizer
+    if isinstance(optimizer, (list, tuple)) and len(optimizer) == 1:
+        optimizer = optimizer[0]
     if optimizer is None or isinstance(optimizer, torch.optim.Optimizer):
         return optimizer
-    raise VramscopeError(
+    raise error(
         f"{what} needs the workload's optimizer to be one torch.optim.Optimizer, not "
         f"{type(optimizer).__name__}"
     )

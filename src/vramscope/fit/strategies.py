@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from vramscope.contract import single_optimizer
 from vramscope.errors import VramscopeError
 from vramscope.workload import Builder, Workload
 
@@ -303,14 +304,10 @@ def _checkpoint_forward(block: torch.nn.Module) -> None:
 def _one_optimizer(workload: Workload) -> torch.optim.Optimizer:
     """The workload's optimizer, for a strategy that changes it: not for inference, nor for
     several optimizers or a wrapper of the user's (which the strategy cannot rebuild)."""
-    if workload.optimizer is None:
+    optimizer = single_optimizer(workload, "this strategy", NotApplicable)
+    if optimizer is None:
         raise NotApplicable("inference has no optimizer")
-    if not isinstance(workload.optimizer, torch.optim.Optimizer):
-        raise NotApplicable(
-            f"the workload's optimizer is {type(workload.optimizer).__name__}, not one "
-            "torch.optim.Optimizer"
-        )
-    return workload.optimizer
+    return optimizer
 
 
 def switch_optimizer(workload: Workload, kind: str) -> torch.optim.Optimizer:

@@ -105,9 +105,8 @@ class Sampler:
             time.sleep(0)  # the interpreter lock back to the thread that started this one first
             try:
                 self._on_start()
-            except Exception as exc:  # never take the user's run down with us
-                self.error = f"{type(exc).__name__}: {exc}"
-                return
+            except Exception as exc:  # never into the user's run; the timeline goes on
+                self.error = f"starting: {type(exc).__name__}: {exc}"
         # the first sample at once, unless one was just taken (the session takes its first
         # before it starts the thread): the grid starts there
         last = self._last_at

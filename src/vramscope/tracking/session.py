@@ -219,14 +219,10 @@ class Session(StepBoundaries):
         ``watch`` reads, and the private directory's journals of runs that died, pruned
         (never a running process's: not this one's)."""
         if self.journal is True:
+            from vramscope.journal.leftovers import directory, prune
             from vramscope.journal.writer import open_journal
 
             self._journal = open_journal(self, True)
-        if self._use_status:
-            self._status = _open_status(self)
-        if self.journal is True:
-            from vramscope.journal.leftovers import directory, prune
-
             with contextlib.suppress(Exception):  # (never into the user's run)
                 # once a process and directory: a later session's would find what this one
                 # left, and pay for listing the directory again
@@ -234,6 +230,8 @@ class Session(StepBoundaries):
                 if where not in _PRUNED:
                     _PRUNED.add(where)
                     prune()
+        if self._use_status:
+            self._status = _open_status(self)
 
     def stop(self) -> None:
         """Stop tracking and remove every hook; safe to call twice."""
