@@ -308,6 +308,32 @@ def optimizer_wrapper(batch_size, device):
     return _train(model, _mlp_batch_64(batch_size, device),
                   lambda m, x, y: F.cross_entropy(m(x), y), opt)
 
+class _Deep:
+    # optimizers kept two levels down, where no one looks for them
+    def __init__(self, *optimizers):
+        self.parts = {"all": {"of": list(optimizers)}}
+    def step(self):
+        for o in self.parts["all"]["of"]:
+            o.step()
+    def zero_grad(self, set_to_none=True):
+        for o in self.parts["all"]["of"]:
+            o.zero_grad(set_to_none=set_to_none)
+
+class _Hidden:
+    # optimizers only a closure holds: nothing can find them
+    def __init__(self, *optimizers):
+        self.step = lambda: [o.step() for o in optimizers]
+        self.zero_grad = lambda set_to_none=True: [o.zero_grad() for o in optimizers]
+
+def deep_wrapper(batch_size, device, wrapper=_Deep):
+    model = _two_part_mlp(device)
+    opt = wrapper(torch.optim.AdamW(model.parameters()))
+    return _train(model, _mlp_batch_64(batch_size, device),
+                  lambda m, x, y: F.cross_entropy(m(x), y), opt)
+
+def hidden_wrapper(batch_size, device):
+    return deep_wrapper(batch_size, device, _Hidden)
+
 def optimizer_list(batch_size, device):
     model = _two_part_mlp(device)
     opts = [torch.optim.AdamW(model[0].parameters()),
@@ -634,6 +660,22 @@ def test_several_optimizers_hold_their_state(workloads, name):
     state = report.categories_at_peak.optimizer_state
     assert adam + momentum <= state <= adam + momentum + 2 * 512  # (the step counts)
     assert first and last
+
+
+def test_a_wrappers_optimizers_are_found_where_it_keeps_them(workloads):
+    """A wrapper's optimizers in dicts and lists a few levels down: their state is
+    optimizer state, and under 16-mixed each steps through the GradScaler. One that only a
+    closure holds cannot be found: refused in one line under 16-mixed (not estimated
+    without an update); in 32-true its own step() runs."""
+    from vramscope.errors import VramscopeError
+
+    adamw = 2 * sum(-(-n * 4 // 512) * 512 for n in (64 * 128, 128, 128 * 10, 10))
+    for precision in ("32-true", "16-mixed"):
+        report = estimate(f"{workloads}:deep_wrapper", 8, precision=precision)
+        assert adamw <= report.categories_at_peak.optimizer_state <= adamw + 4 * 512
+    assert estimate(f"{workloads}:hidden_wrapper", 8).peak.allocated_bytes > 0
+    with pytest.raises(VramscopeError, match="_Hidden holds none among its attributes"):
+        estimate(f"{workloads}:hidden_wrapper", 8, precision="16-mixed")
 
 
 def test_a_precision_asked_of_a_workload_with_its_own_step_is_said_not_applied(workloads):

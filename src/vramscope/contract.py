@@ -7,6 +7,7 @@ step and spec resolution live above them, in ``vramscope.workload``.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,21 +49,36 @@ def exit_status(code: object) -> int:
 
 def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     """The torch optimizers a Workload's ``optimizer`` stands for: itself; each of a list or
-    tuple; or those a wrapper of your own keeps in its attributes (one level down, lists and
-    dicts of them included). ZeroRedundancyOptimizer is a torch optimizer: itself."""
-    if optimizer is None:
-        return []
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return [optimizer]
-    if isinstance(optimizer, (list, tuple)):
-        return [o for item in optimizer for o in torch_optimizers(item)]
+    tuple; or those a wrapper of your own keeps in its attributes, in lists, tuples and
+    dicts of them (a few levels down; never inside a module or a tensor).
+    ZeroRedundancyOptimizer is a torch optimizer: itself."""
     found: list[torch.optim.Optimizer] = []
-    for value in vars(optimizer).values() if hasattr(optimizer, "__dict__") else ():
-        items = value.values() if isinstance(value, dict) else value
-        for item in items if isinstance(value, (list, tuple, dict)) else (value,):
-            if isinstance(item, torch.optim.Optimizer) and item not in found:
-                found.append(item)
+    seen: set[int] = set()
+
+    def visit(value: Any, levels: int) -> None:
+        if isinstance(value, torch.optim.Optimizer):
+            if value not in found:
+                found.append(value)
+            return
+        if levels == 0 or id(value) in seen or isinstance(value, _NOT_WRAPPERS):
+            return
+        seen.add(id(value))
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, (list, tuple)):
+            children = value
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            children = vars(value).values()
+        else:
+            return
+        for child in children:
+            visit(child, levels - 1)
+
+    visit(optimizer, 4)
     return found
+
+
+_NOT_WRAPPERS = (torch.nn.Module, torch.Tensor, types.ModuleType, types.FunctionType, str, bytes)
 
 
 def single_optimizer(

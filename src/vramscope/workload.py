@@ -141,8 +141,15 @@ class StepRunner:
             elif isinstance(optimizer, torch.optim.Optimizer):
                 self.scaler.step(optimizer)
             else:  # a wrapper: the scaler steps the optimizers it holds
-                for inner in torch_optimizers(optimizer):
-                    self.scaler.step(inner)
+                inner = torch_optimizers(optimizer)
+                if not inner:  # (none stepped would be a step without an update)
+                    raise VramscopeError(
+                        f"16-mixed steps each torch optimizer through a GradScaler; "
+                        f"{type(optimizer).__name__} holds none among its attributes: pass "
+                        "the optimizers themselves (Workload(optimizer=[...]))"
+                    )
+                for each in inner:
+                    self.scaler.step(each)
         if self.scaler is not None:
             self.scaler.update()
         set_to_none = w.meta.get("zero_grad_set_to_none", True)
