@@ -797,7 +797,7 @@ TWO_MODELS_SCRIPT = """
 import torch
 from torch import nn
 torch.manual_seed(0)
-enc = nn.Sequential(nn.Linear(32, 16), nn.ReLU())
+enc = nn.Sequential(nn.Linear(32, 16, bias=False), nn.ReLU())  # (the smaller, in blocks too)
 heads = [nn.Linear(16, 32)]
 opt = torch.optim.SGD([*enc.parameters(), *heads[0].parameters()], lr=1e-3)
 for _ in range(3):
