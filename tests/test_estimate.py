@@ -272,6 +272,23 @@ def test_estimates_are_deterministic(gpt):
     assert again.peak == gpt.peak
 
 
+def test_a_trace_is_closed_when_it_is_made():
+    """Fake tensors of the step freed after the trace was made (when the tracer's frame
+    lets them go, or the garbage collector finds them in a cycle) are no events of it: the
+    estimate is made of the trace as returned, whatever runs in the process meanwhile."""
+    import gc
+
+    from vramscope.estimate.profiles import get_profile
+    from vramscope.estimate.trace import trace_workload
+    from vramscope.workload import resolve
+
+    traced = trace_workload(resolve("example:gpt"), 16, get_profile("h200"))
+    events = len(traced.events)
+    gc.collect()
+    assert len(traced.events) == events
+    assert estimate("example:gpt", 16, gpu="h200").extra["estimate"]["events"] == events
+
+
 @pytest.mark.parametrize(("spec", "batch"), [("example:gpt", 16), ("example:cnn", 64)])
 def test_the_metadata_fast_path_changes_no_number(monkeypatch, spec, batch):
     """``prim.device`` and other metadata queries are answered before the fake mode's own

@@ -136,6 +136,9 @@ class Recorder:
         self.paused = 0
         self.lock = threading.RLock()
         self.sparse_seen = False  # a sparse tensor was made: ops check for sparse inputs
+        # set once the trace is made of what was recorded: a fake tensor the garbage
+        # collector finds later (in a cycle) is no event of the trace, whenever that is
+        self.closed = False
 
     # ---- phases ------------------------------------------------------------------------
     def set_phase(self, phase: str, step: int | None = None) -> None:
@@ -304,6 +307,8 @@ class Recorder:
                 self._resized(key, entry, storage.nbytes(), "resize_")
 
     def _on_free(self, key: int, _ref: Any) -> None:
+        if self.closed:
+            return
         with self.lock:
             entry = self.live.pop(key, None)
             self.pending.pop(key, None)

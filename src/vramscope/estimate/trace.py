@@ -975,6 +975,7 @@ def trace_workload(
         precision_used = workload.precision
         accumulate_used = workload.accumulate
         del runner, workload
+    recorder.closed = True
     trace = Trace(
         events=recorder.events,
         blocks=recorder.blocks,
