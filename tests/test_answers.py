@@ -234,6 +234,28 @@ def test_measure_exits_2_when_the_workload_raises(tmp_path):
     )
 
 
+def test_a_loss_that_becomes_nan_is_null_in_the_reports(tmp_path):
+    """An fp16 run whose loss overflows: the JSON report (no NaN in JSON) and the HTML one
+    are written, the loss null."""
+    workload = tmp_path / "nan.py"
+    workload.write_text(
+        "import torch, vramscope\n"
+        "def build(batch_size, device):\n"
+        "    m = torch.nn.Linear(4, 4).to(device)\n"
+        "    return vramscope.Workload(model=m, optimizer=torch.optim.SGD(m.parameters(), 0.1),\n"
+        "        batch=lambda: torch.randn(batch_size, 4, device=device),\n"
+        "        loss=lambda m, x: m(x).sum() * float('nan'))\n"
+    )
+    out = tmp_path / "r.json"
+    proc = vramscope(
+        "measure", f"{workload}:build", "-b", "2", "--steps", "2", "-q", "--json", str(out),
+        "--html", str(tmp_path / "r.html"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["losses"] == [None, None]
+    assert (tmp_path / "r.html").stat().st_size > 0
+
+
 # ---- Ctrl-C and stop signals -------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +18,28 @@ from pathlib import Path
 from typing import Any
 
 from vramscope.errors import VramscopeError
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every float that is not finite (a loss that became NaN, an infinite
+    ratio) as None: JSON has no NaN nor infinity."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def strict_json(data: Any, **options: Any) -> str:
+    """Standard JSON of ``data``, a float that is not finite written as null (looked for
+    only when there is one)."""
+    try:
+        return json.dumps(data, allow_nan=False, **options)
+    except ValueError:
+        return json.dumps(finite(data), allow_nan=False, **options)
+
 
 SCHEMA = "vramscope.report/1"
 # the other files vramscope writes, for a report's reader that is given one of them
@@ -297,7 +320,7 @@ class Report:
         return data
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+        return strict_json(self.to_dict(), indent=indent)
 
     def save(self, path: str | Path) -> Path:
         target = Path(path)

@@ -13,11 +13,12 @@ import base64
 import functools
 import gzip
 import html
-import json
 from typing import Any
 
 import jinja2
 from markupsafe import Markup
+
+from vramscope.report.model import strict_json
 
 TEMPLATE_PACKAGE = "vramscope.report.html"
 
@@ -31,7 +32,7 @@ def escape(value: Any) -> Markup:
 
 def script_json(data: Any) -> Markup:
     """JSON that is safe inside <script>: no ``</script>``, no ``<!--``, no raw ``<>&``."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    text = strict_json(data, separators=(",", ":"), ensure_ascii=False)
     return Markup(
         text.replace("<", "\\u003c")
         .replace(">", "\\u003e")
