@@ -223,14 +223,20 @@ def experts_by_name(batch_size, device):
 
 EXPERTS, TOKENS, IN, OUT = 4, 64, 32, 10
 
-def grouped_experts(batch_size, device):
-    weight = nn.Parameter(torch.randn(EXPERTS, IN, OUT, device=device))
+def grouped_experts(batch_size, device, stored_transposed=True):
+    # experts' weights stored [out, in] as nn.Linear's and transposed (column-major: CUDA
+    # takes them); stored [in, out] their rows of 10 float32 are not 16-byte multiples
+    shape = (EXPERTS, OUT, IN) if stored_transposed else (EXPERTS, IN, OUT)
     model = nn.Module()
-    model.weight = weight
+    model.weight = nn.Parameter(torch.randn(*shape, device=device))
     def loss(m, x):
         offsets = torch.tensor([16, 32, 48, 64], dtype=torch.int32, device=device)
-        return torch._grouped_mm(x, m.weight, offs=offsets).sum()
+        w = m.weight.transpose(-2, -1) if stored_transposed else m.weight
+        return torch._grouped_mm(x, w, offs=offsets).sum()
     return _train(model, lambda: (torch.randn(TOKENS, IN, device=device),), loss)
+
+def grouped_experts_misaligned(batch_size, device):
+    return grouped_experts(batch_size, device, stored_transposed=False)
 
 def _wn_net(device, precision=None):
     torch.manual_seed(0)
@@ -717,12 +723,14 @@ def test_cuda_calls_a_step_makes_are_emulated(workloads):
         ("positions_too_few", "an embedding of 64 rows looked up with ids from 0 to 127"),
         ("ids_past_the_vocabulary", "an embedding of 100 rows looked up with ids from"),
         ("index_add_of_another_dtype", "must have the same scalar type"),
+        ("grouped_experts_misaligned", "strides should be multiple of 16 bytes"),
     ],
 )
 def test_a_step_the_gpu_would_refuse_is_refused(workloads, name, message):
     """Values and dtypes a GPU's kernel refuses and the fake kernels let pass: learned
     positions shorter than the sequence, token ids past the vocabulary (their values are the
-    trace's), ``index_add`` of another dtype. Not a "fits" for a step that fails."""
+    trace's), ``index_add`` of another dtype, a grouped GEMM's rows not 16-byte multiples
+    (refused so on an H200). Not a "fits" for a step that fails."""
     from vramscope.estimate.recorder import TraceError
 
     estimate(f"{workloads}:positions_enough", 2)  # as many positions as tokens: fine

@@ -69,6 +69,7 @@ def grouped_mm(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             raise RuntimeError(
                 f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got {mat.dtype}"
             )
+        _grouped_mm_strides(mat)
     if out_dtype != a.dtype:
         raise RuntimeError("Grouped gemm output dtype must match `mat_a` dtype")
     if a.dim() == 2 and b.dim() == 2:
@@ -83,6 +84,22 @@ def grouped_mm(mode: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     padded = -(-size[-1] // alignment) * alignment
     stride = [padded, 1] if len(size) == 2 else [size[1] * padded, padded, 1]
     return _empty_strided(mode, size, stride, out_dtype, a.device)
+
+
+def _grouped_mm_strides(mat: Any) -> None:
+    """CUDA's grouped GEMM reads each matrix row- or column-major, its leading stride a
+    multiple of 16 bytes: a ``[E, in, out]`` weight with ``out`` not a multiple of 4 float32
+    is refused (seen so on an H200), one stored ``[E, out, in]`` and transposed is not. (A
+    matrix of neither layout, an expanded gradient, is left to the kernel.)"""
+    sizes, strides = mat.shape[-2:], mat.stride()[-2:]
+    if strides[0] == 1 and strides[1] >= max(1, sizes[0]):
+        leading = strides[1]
+    elif strides[1] == 1 and strides[0] >= max(1, sizes[1]):
+        leading = strides[0]
+    else:
+        return
+    if leading % (16 // mat.element_size()):
+        raise RuntimeError("strides should be multiple of 16 bytes")
 
 
 def _values(mode: Any, t: Any) -> list[int] | None:
