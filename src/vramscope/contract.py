@@ -47,6 +47,10 @@ def exit_status(code: object) -> int:
     return 1
 
 
+# what a wrapper of optimizers is not: looked into, a model or a module would be walked whole
+_NOT_WRAPPERS = (torch.nn.Module, torch.Tensor, types.ModuleType, types.FunctionType, str, bytes)
+
+
 def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     """The torch optimizers a Workload's ``optimizer`` stands for: itself; each of a list or
     tuple; or those a wrapper of your own keeps in its attributes, in lists, tuples and
@@ -76,9 +80,6 @@ def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
 
     visit(optimizer, 4)
     return found
-
-
-_NOT_WRAPPERS = (torch.nn.Module, torch.Tensor, types.ModuleType, types.FunctionType, str, bytes)
 
 
 def single_optimizer(
